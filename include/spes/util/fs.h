@@ -1,0 +1,40 @@
+// File helpers: whole-file reads, atomic writes (temp file, fsync, rename — never a
+// half-written file), and read-only memory maps. All throw Error(Io) naming the path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace spes {
+
+std::string read_file(const std::filesystem::path& path);
+// Writes `data` to path.tmp, fsyncs it, renames it over `path` and fsyncs the directory.
+void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+void ensure_directory(const std::filesystem::path& path);
+
+// A read-only memory map of a whole file. Movable, not copyable. Thread-safe for reads.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::filesystem::path& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::uint8_t* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  void reset();
+  std::filesystem::path path_;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace spes

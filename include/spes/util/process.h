@@ -1,0 +1,30 @@
+// Process-level facts and child processes: resident memory, and running a helper program
+// (npm, tar) without a shell, with its output captured.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace spes {
+
+// Peak resident set size of this process so far, in bytes (getrusage).
+std::int64_t peak_rss_bytes();
+// Current resident set size in bytes (/proc/self/statm).
+std::int64_t current_rss_bytes();
+
+struct CommandResult {
+  int exit_status = -1;  // the child's exit code; 128+signal if it was killed
+  std::string output;    // stdout and stderr together
+};
+
+// Runs argv[0] (looked up in PATH) with the given arguments in `cwd`, waits for it.
+// Throws Error(Io) only when the program cannot be started at all.
+CommandResult run_command(const std::vector<std::string>& argv,
+                          const std::filesystem::path& cwd = {});
+
+// True when `program` is found in PATH.
+bool program_exists(const std::string& program);
+
+}  // namespace spes

@@ -1,0 +1,33 @@
+// spes train: one process, no peers.
+#include <spdlog/spdlog.h>
+
+#include "commands.h"
+#include "spes/config/config.h"
+#include "spes/data/prepare.h"
+#include "spes/train/trainer.h"
+#include "spes/util/fs.h"
+#include "spes/util/log.h"
+
+namespace spes::cli {
+
+void add_train_command(CLI::App& app) {
+  auto* train = app.add_subcommand("train", "train on this machine alone (all or some experts)");
+  auto options = std::make_shared<ConfigOptions>();
+  add_config_options(*train, *options);
+  train->callback([options] {
+    Config config = load_config(options->config, options->overrides);
+    ensure_directory(config.run.out_dir);
+    init_logging(options->log_level == "info" ? config.run.log_level : options->log_level,
+                 config.run.out_dir + "/train.log");
+    spdlog::info("spes train: config {} → {}", config.source, config.run.out_dir);
+    prepare_data(config);
+    const int threads = configure_threads(config.run);
+    spdlog::info("libtorch intra-op threads: {}", threads);
+    Trainer trainer(config);
+    EvalStats final_eval = trainer.run();
+    spdlog::info("final validation loss {:.4f} (perplexity {:.2f}); metrics in {}/metrics.jsonl",
+                 final_eval.loss, final_eval.perplexity, config.run.out_dir);
+  });
+}
+
+}  // namespace spes::cli

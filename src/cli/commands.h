@@ -1,0 +1,25 @@
+// Registration of the `spes` subcommands. Each add_* function adds its subcommands to the
+// app with callbacks that run the command; library errors (spes::Error) propagate to main.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace spes::cli {
+
+// Options every config-driven command shares.
+struct ConfigOptions {
+  std::string config;
+  std::vector<std::string> overrides;  // --set section.key=value
+  std::string log_level = "info";
+};
+void add_config_options(CLI::App& cmd, ConfigOptions& options);
+
+void add_data_commands(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_model_commands(CLI::App& app);
+void add_bench_commands(CLI::App& app);
+
+}  // namespace spes::cli

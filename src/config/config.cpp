@@ -1,0 +1,269 @@
+#include "spes/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+#include "yaml_reader.h"
+
+namespace spes {
+using config_detail::MapReader;
+
+const char* qk_norm_name(QkNorm norm) {
+  switch (norm) {
+    case QkNorm::None: return "none";
+    case QkNorm::Full: return "full";
+    case QkNorm::PerHead: return "per_head";
+  }
+  return "?";
+}
+
+std::string Config::where(const std::string& key) const {
+  auto it = key_lines.find(key);
+  if (it == key_lines.end()) return fmt::format("{} ({})", source, key);
+  if (it->second < 0) return fmt::format("{} (--set {})", source, key);
+  return fmt::format("{}:{} ({})", source, it->second, key);
+}
+
+bool Config::owns_all_experts() const {
+  return train.owned_experts.empty() ||
+         static_cast<std::int64_t>(train.owned_experts.size()) == model.n_experts;
+}
+
+std::vector<int> Config::owned_expert_list() const {
+  std::vector<int> owned = train.owned_experts;
+  if (owned.empty())
+    for (int e = 0; e < model.n_experts; ++e) owned.push_back(e);
+  std::sort(owned.begin(), owned.end());
+  return owned;
+}
+
+namespace {
+
+void read_run(MapReader r, RunConfig& c) {
+  r.get("name", c.name);
+  r.get("seed", c.seed);
+  r.get("node_id", c.node_id);
+  r.get("out_dir", c.out_dir);
+  r.get("log_level", c.log_level);
+  r.get("threads", c.threads);
+  r.finish();
+  if (c.node_id < 0) r.fail("node_id", "must be >= 0");
+  if (c.threads < 0) r.fail("threads", "must be >= 0 (0 = all cores)");
+  if (c.name.empty()) r.fail("name", "must not be empty");
+  static const std::set<std::string> levels = {"trace", "debug", "info", "warn", "error"};
+  if (!levels.count(c.log_level))
+    r.fail("log_level", "must be one of trace, debug, info, warn, error");
+}
+
+void read_model(MapReader r, ModelConfig& c) {
+  r.get("vocab_size", c.vocab_size);
+  r.get("d_model", c.d_model);
+  r.get("n_layers", c.n_layers);
+  r.get("n_heads", c.n_heads);
+  r.get("n_kv_heads", c.n_kv_heads);
+  r.get("d_ff", c.d_ff);
+  r.get("n_experts", c.n_experts);
+  r.get("top_k", c.top_k);
+  r.get("norm_topk_prob", c.norm_topk_prob);
+  std::string qk = qk_norm_name(c.qk_norm);
+  r.get("qk_norm", qk);
+  r.get("rope_theta", c.rope_theta);
+  r.get("rms_eps", c.rms_eps);
+  r.get("init_std", c.init_std);
+  r.get("max_seq_len", c.max_seq_len);
+  r.finish();
+
+  if (qk == "none") c.qk_norm = QkNorm::None;
+  else if (qk == "full") c.qk_norm = QkNorm::Full;
+  else if (qk == "per_head") c.qk_norm = QkNorm::PerHead;
+  else r.fail("qk_norm", fmt::format("must be none, full or per_head, got '{}'", qk));
+
+  auto require_positive = [&r](const char* key, std::int64_t value) {
+    if (!r.has(key)) r.fail(key, "is required");
+    if (value <= 0) r.fail(key, fmt::format("must be positive, got {}", value));
+  };
+  require_positive("vocab_size", c.vocab_size);
+  require_positive("d_model", c.d_model);
+  require_positive("n_layers", c.n_layers);
+  require_positive("n_heads", c.n_heads);
+  require_positive("d_ff", c.d_ff);
+  if (c.d_model % c.n_heads != 0)
+    r.fail("n_heads", fmt::format("n_heads ({}) must divide d_model ({})", c.n_heads, c.d_model));
+  if (c.head_dim() % 2 != 0)
+    r.fail("n_heads", fmt::format("head size d_model/n_heads = {} must be even for RoPE", c.head_dim()));
+  if (c.n_kv_heads < 0) r.fail("n_kv_heads", "must be >= 0 (0 = n_heads)");
+  if (c.n_heads % c.kv_heads() != 0)
+    r.fail("n_kv_heads",
+           fmt::format("n_kv_heads ({}) must divide n_heads ({})", c.kv_heads(), c.n_heads));
+  if (c.n_experts < 1) r.fail("n_experts", fmt::format("must be >= 1, got {}", c.n_experts));
+  if (c.top_k < 1 || c.top_k > c.n_experts)
+    r.fail("top_k", fmt::format("top_k ({}) must be between 1 and n_experts ({})", c.top_k, c.n_experts));
+  if (c.rope_theta <= 0) r.fail("rope_theta", "must be positive");
+  if (c.rms_eps <= 0) r.fail("rms_eps", "must be positive");
+  if (c.init_std <= 0) r.fail("init_std", "must be positive");
+  if (c.max_seq_len <= 0) r.fail("max_seq_len", "must be positive");
+}
+
+void read_loss(MapReader r, LossConfig& c) {
+  r.get("z_loss", c.z_loss);
+  r.get("load_balance", c.load_balance);
+  r.get("router_z_loss", c.router_z_loss);
+  r.finish();
+  if (c.z_loss < 0) r.fail("z_loss", "must be >= 0");
+  if (c.load_balance < 0) r.fail("load_balance", "must be >= 0");
+  if (c.router_z_loss < 0) r.fail("router_z_loss", "must be >= 0");
+}
+
+void read_data(MapReader r, DataConfig& c) {
+  r.get("corpus", c.corpus);
+  r.get("cache_dir", c.cache_dir);
+  r.get("dir", c.dir);
+  r.get("tokenizer", c.tokenizer);
+  r.get("tokenizer_type", c.tokenizer_type);
+  r.get("val_fraction", c.val_fraction);
+  r.get("seq_len", c.seq_len);
+  r.finish();
+  if (c.corpus.empty()) r.fail("corpus", "must be 'brown' or a folder of .txt / .jsonl files");
+  if (c.dir.empty()) r.fail("dir", "must name the folder for the tokenizer and token shards");
+  if (c.tokenizer_type != "bpe" && c.tokenizer_type != "unigram")
+    r.fail("tokenizer_type", fmt::format("must be bpe or unigram, got '{}'", c.tokenizer_type));
+  if (!(c.val_fraction > 0 && c.val_fraction < 0.5))
+    r.fail("val_fraction", fmt::format("must be in (0, 0.5), got {}", c.val_fraction));
+  if (c.seq_len <= 0) r.fail("seq_len", "must be positive");
+}
+
+void read_optim(MapReader r, OptimConfig& c) {
+  r.get("lr", c.lr);
+  r.get("beta1", c.beta1);
+  r.get("beta2", c.beta2);
+  r.get("eps", c.eps);
+  r.get("weight_decay", c.weight_decay);
+  r.get("grad_clip", c.grad_clip);
+  r.finish();
+  if (c.lr <= 0) r.fail("lr", "must be positive");
+  if (c.beta1 < 0 || c.beta1 >= 1) r.fail("beta1", "must be in [0, 1)");
+  if (c.beta2 < 0 || c.beta2 >= 1) r.fail("beta2", "must be in [0, 1)");
+  if (c.eps <= 0) r.fail("eps", "must be positive");
+  if (c.weight_decay < 0) r.fail("weight_decay", "must be >= 0");
+  if (c.grad_clip < 0) r.fail("grad_clip", "must be >= 0 (0 = off)");
+}
+
+void read_schedule(MapReader r, ScheduleConfig& c) {
+  r.get("warmup_steps", c.warmup_steps);
+  r.get("warmup_start_ratio", c.warmup_start_ratio);
+  r.get("min_lr_ratio", c.min_lr_ratio);
+  r.finish();
+  if (c.warmup_steps < 0) r.fail("warmup_steps", "must be >= 0");
+  if (c.warmup_start_ratio < 0 || c.warmup_start_ratio > 1)
+    r.fail("warmup_start_ratio", "must be in [0, 1]");
+  if (c.min_lr_ratio < 0 || c.min_lr_ratio > 1) r.fail("min_lr_ratio", "must be in [0, 1]");
+}
+
+// owned_experts: `all`, or a list of indices and "a-b" ranges.
+std::vector<int> read_owned(MapReader& r, const YAML::Node& node) {
+  std::vector<int> out;
+  if (!node || node.IsNull()) return out;
+  if (node.IsScalar()) {
+    if (node.Scalar() == "all") return out;
+    r.fail("owned_experts", fmt::format("expected 'all' or a list of expert indices, got '{}'", node.Scalar()));
+  }
+  if (!node.IsSequence()) r.fail("owned_experts", "expected 'all' or a list of expert indices");
+  for (const auto& item : node) {
+    if (!item.IsScalar()) r.fail("owned_experts", "list items must be integers or 'a-b' ranges");
+    const std::string& text = item.Scalar();
+    auto dash = text.find('-', 1);
+    try {
+      if (dash != std::string::npos) {
+        int lo = std::stoi(text.substr(0, dash));
+        int hi = std::stoi(text.substr(dash + 1));
+        if (hi < lo) r.fail("owned_experts", fmt::format("range '{}' is empty", text));
+        for (int e = lo; e <= hi; ++e) out.push_back(e);
+      } else {
+        std::size_t used = 0;
+        int e = std::stoi(text, &used);
+        if (used != text.size()) throw std::invalid_argument(text);
+        out.push_back(e);
+      }
+    } catch (const std::logic_error&) {
+      r.fail("owned_experts", fmt::format("'{}' is not an expert index or 'a-b' range", text));
+    }
+  }
+  return out;
+}
+
+void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
+  r.get("steps", c.steps);
+  r.get("batch_size", c.batch_size);
+  r.get("grad_accum", c.grad_accum);
+  r.get("log_every", c.log_every);
+  r.get("eval_every", c.eval_every);
+  r.get("eval_batches", c.eval_batches);
+  c.owned_experts = read_owned(r, r.raw("owned_experts"));
+  r.finish();
+  if (c.steps <= 0) r.fail("steps", "must be positive");
+  if (c.batch_size <= 0) r.fail("batch_size", "must be positive");
+  if (c.grad_accum <= 0) r.fail("grad_accum", "must be positive");
+  if (c.log_every <= 0) r.fail("log_every", "must be positive");
+  if (c.eval_every < 0) r.fail("eval_every", "must be >= 0 (0 = only at the end)");
+  if (c.eval_batches <= 0) r.fail("eval_batches", "must be positive");
+  std::set<int> seen;
+  for (int e : c.owned_experts) {
+    if (e < 0 || e >= model.n_experts)
+      r.fail("owned_experts", fmt::format("expert {} is out of range: the model has experts 0..{}",
+                                          e, model.n_experts - 1));
+    if (!seen.insert(e).second) r.fail("owned_experts", fmt::format("expert {} is listed twice", e));
+  }
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    raise(ErrorKind::Config, "{}:{}: not valid YAML: {}", source_name, e.mark.line + 1, e.msg);
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  Config c;
+  c.source = source_name;
+  for (const auto& o : overrides) {
+    config_detail::apply_override(root, o);
+    c.key_lines[o.substr(0, o.find('='))] = -1;
+  }
+  MapReader top(root, "", source_name, &c.key_lines);
+  read_run(top.section("run"), c.run);
+  if (!top.has("model")) raise(ErrorKind::Config, "{}: the 'model' section is required", source_name);
+  read_model(top.section("model"), c.model);
+  read_loss(top.section("loss"), c.loss);
+  read_data(top.section("data"), c.data);
+  read_optim(top.section("optim"), c.optim);
+  read_schedule(top.section("schedule"), c.schedule);
+  read_train(top.section("train"), c.train, c.model);
+  top.finish();
+
+  if (c.data.seq_len > c.model.max_seq_len)
+    raise(ErrorKind::Config, "{}: data.seq_len ({}) exceeds model.max_seq_len ({})",
+          c.where("data.seq_len"), c.data.seq_len, c.model.max_seq_len);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!std::filesystem::exists(path))
+    raise(ErrorKind::Config, "config file '{}' does not exist", path);
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    raise(ErrorKind::Config, "cannot read config file: {}", e.what());
+  }
+  return parse_config(text, path, overrides);
+}
+
+}  // namespace spes

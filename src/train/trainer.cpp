@@ -1,0 +1,186 @@
+#include "spes/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "spes/data/prepare.h"
+#include "spes/model/size.h"
+#include "spes/train/peak.h"
+#include "spes/train/schedule.h"
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+#include "spes/util/process.h"
+#include "spes/util/progress.h"
+
+namespace spes {
+
+int configure_threads(const RunConfig& run) {
+  int threads = run.threads > 0 ? run.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(threads);
+  return threads;
+}
+
+namespace {
+
+torch::Tensor to_tensor(const std::vector<std::int64_t>& values, std::int64_t rows, std::int64_t cols) {
+  return torch::from_blob(const_cast<std::int64_t*>(values.data()), {rows, cols}, torch::kInt64).clone();
+}
+
+void check_shard_vocab(const TokenShard& shard, const Config& c) {
+  if (shard.vocab_size() > c.model.vocab_size)
+    raise(ErrorKind::Data, "token shard '{}' was made with a vocabulary of {} but model.vocab_size is {} "
+          "({}): run `spes data prepare` again", shard.path().string(), shard.vocab_size(),
+          c.model.vocab_size, c.where("model.vocab_size"));
+}
+
+}  // namespace
+
+Trainer::Trainer(Config config, TrainerOptions options)
+    : config_(std::move(config)),
+      options_(options),
+      train_shard_(data_paths(config_.data).train),
+      val_shard_(data_paths(config_.data).val) {
+  check_shard_vocab(train_shard_, config_);
+  check_shard_vocab(val_shard_, config_);
+  sampler_.emplace(train_shard_, config_.data.seq_len, config_.run.seed, config_.run.node_id);
+
+  model_ = MoeTransformer(config_.model, config_.run.seed);
+  const auto owned = config_.owned_expert_list();
+  owned_.assign(static_cast<std::size_t>(config_.model.n_experts), false);
+  for (int e : owned) owned_[static_cast<std::size_t>(e)] = true;
+  model_->set_owned_experts(owned);
+  trainable_ = model_->trainable_parameters();
+  optimizer_ = make_adamw(trainable_, config_.optim);
+
+  if (options_.measure_peak) peak_flops_ = measure_matmul_peak_flops();
+  if (options_.write_outputs) {
+    ensure_directory(config_.run.out_dir);
+    metrics_.emplace(config_.run.out_dir + "/metrics.jsonl", /*append=*/false);
+  }
+}
+
+StepStats Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const TrainConfig& tc = config_.train;
+  const double lr = learning_rate(config_.optim.lr, config_.schedule, tc.steps, step_);
+  set_learning_rate(*optimizer_, lr);
+  optimizer_->zero_grad();
+
+  StepStats s;
+  const auto L = config_.model.n_layers, E = config_.model.n_experts;
+  torch::Tensor load = torch::zeros({L, E}, torch::kInt64);
+  for (std::int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+    TokenBatch batch = sampler_->next_batch(tc.batch_size);
+    auto inputs = to_tensor(batch.inputs, batch.batch, batch.seq_len);
+    auto targets = to_tensor(batch.targets, batch.batch, batch.seq_len);
+    ModelOutput out = model_->forward(inputs);
+    LossTerms loss = compute_loss(out, targets, config_.loss);
+    (loss.total / static_cast<double>(tc.grad_accum)).backward();
+
+    const double inv = 1.0 / static_cast<double>(tc.grad_accum);
+    s.loss += loss.total.item<double>() * inv;
+    s.ce += loss.ce.item<double>() * inv;
+    s.z_loss += loss.z_loss.item<double>() * inv;
+    s.load_balance += loss.load_balance.item<double>() * inv;
+    s.router_z += loss.router_z.item<double>() * inv;
+    load += torch::stack(out.expert_counts);
+    s.tokens += batch.batch * batch.seq_len;
+  }
+  s.grad_norm = clip_grad_norm(trainable_, config_.optim.grad_clip);
+  optimizer_->step();
+  ++step_;
+
+  s.step = step_;
+  s.lr = lr;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
+  std::int64_t routed = 0, frozen = 0;
+  auto acc = load.accessor<std::int64_t, 2>();
+  s.expert_load.assign(static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(E)));
+  for (std::int64_t l = 0; l < L; ++l)
+    for (std::int64_t e = 0; e < E; ++e) {
+      s.expert_load[l][e] = acc[l][e];
+      routed += acc[l][e];
+      if (!owned_[static_cast<std::size_t>(e)]) frozen += acc[l][e];
+    }
+  s.frozen_share = routed > 0 ? static_cast<double>(frozen) / static_cast<double>(routed) : 0.0;
+  s.flops = count_train_flops(config_.model, config_.data.seq_len, s.tokens, s.frozen_share).total();
+  s.mfu = peak_flops_ > 0 ? s.flops / s.seconds / peak_flops_ : 0.0;
+  s.peak_rss = peak_rss_bytes();
+  if (metrics_) metrics_->write(s);
+  return s;
+}
+
+EvalStats Trainer::evaluate() {
+  torch::NoGradGuard no_grad;
+  const TrainConfig& tc = config_.train;
+  double sum = 0.0;
+  EvalStats e;
+  e.step = step_;
+  for (std::int64_t i = 0; i < tc.eval_batches; ++i) {
+    TokenBatch batch = validation_batch(val_shard_, config_.data.seq_len, tc.batch_size, i);
+    auto inputs = to_tensor(batch.inputs, batch.batch, batch.seq_len);
+    auto targets = to_tensor(batch.targets, batch.batch, batch.seq_len);
+    ModelOutput out = model_->forward(inputs);
+    sum += compute_loss(out, targets, config_.loss).ce.item<double>();
+    e.tokens += batch.batch * batch.seq_len;
+  }
+  e.loss = sum / static_cast<double>(tc.eval_batches);
+  e.perplexity = std::exp(e.loss);
+  if (metrics_) metrics_->write(e);
+  return e;
+}
+
+TrainingMemory Trainer::memory() const { return training_memory(model_->parameters(), *optimizer_); }
+
+EvalStats Trainer::run() {
+  const TrainConfig& tc = config_.train;
+  const auto counts = count_params(config_.model, static_cast<std::int64_t>(config_.owned_expert_list().size()));
+  spdlog::info("{}: {} parameters ({} active per token, {} trainable on this node: {} of {} experts)",
+               config_.run.name, format_count(static_cast<double>(counts.total)),
+               format_count(static_cast<double>(counts.active)), format_count(static_cast<double>(counts.trainable)),
+               config_.owned_expert_list().size(), config_.model.n_experts);
+  spdlog::info("data: {} train tokens ({} windows of {}), {} validation tokens; node {} seed {}",
+               train_shard_.size(), sampler_->windows_per_epoch(), config_.data.seq_len, val_shard_.size(),
+               config_.run.node_id, node_data_seed(config_.run.seed, config_.run.node_id));
+  if (peak_flops_ > 0) spdlog::info("measured fp32 matmul peak: {:.1f} GFLOP/s", peak_flops_ / 1e9);
+
+  const auto t_start = std::chrono::steady_clock::now();
+  double window_seconds = 0, window_tokens = 0, window_flops = 0;
+  EvalStats last_eval;
+  while (step_ < tc.steps) {
+    StepStats s = step();
+    window_seconds += s.seconds;
+    window_tokens += static_cast<double>(s.tokens);
+    window_flops += s.flops;
+    if (!std::isfinite(s.loss))
+      raise(ErrorKind::Internal, "loss became {} at step {} (lower optim.lr or check the data)", s.loss, s.step);
+    if (options_.progress && (s.step % tc.log_every == 0 || s.step == tc.steps || s.step == 1)) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(tc.steps - s.step);
+      const double tps = window_tokens / window_seconds;
+      const double mfu = peak_flops_ > 0 ? window_flops / window_seconds / peak_flops_ : 0.0;
+      spdlog::info("step {:>5}/{} | loss {:.4f} (ce {:.4f} lb {:.3f} rz {:.2f}) | lr {:.2e} | gnorm {:.2f} | "
+                   "{} tok/s | MFU {:.1f}% | rss {} | ETA {}",
+                   s.step, tc.steps, s.loss, s.ce, s.load_balance, s.router_z, s.lr, s.grad_norm,
+                   format_count(tps), 100.0 * mfu, format_bytes(static_cast<double>(s.peak_rss)),
+                   format_duration(eta));
+      window_seconds = window_tokens = window_flops = 0;
+    }
+    if (tc.eval_every > 0 && s.step % tc.eval_every == 0 && s.step != tc.steps) {
+      last_eval = evaluate();
+      spdlog::info("eval  {:>5} | val loss {:.4f} | val ppl {:.2f}", last_eval.step, last_eval.loss, last_eval.perplexity);
+    }
+  }
+  last_eval = evaluate();
+  spdlog::info("eval  {:>5} | val loss {:.4f} | val ppl {:.2f} | done in {}", last_eval.step, last_eval.loss,
+               last_eval.perplexity,
+               format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()));
+  return last_eval;
+}
+
+}  // namespace spes

@@ -1,0 +1,120 @@
+#include "spes/util/fs.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "spes/util/error.h"
+
+namespace spes {
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) raise(ErrorKind::Io, "cannot open '{}': {}", path.string(), std::strerror(errno));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) raise(ErrorKind::Io, "error while reading '{}'", path.string());
+  return buffer.str();
+}
+
+namespace {
+void fsync_path(const fs::path& path, int flags) {
+  int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return;  // best effort for directories on filesystems that refuse O_RDONLY
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
+void write_file_atomic(const fs::path& path, std::string_view data) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) raise(ErrorKind::Io, "cannot create '{}': {}", tmp.string(), std::strerror(errno));
+  std::size_t written = 0;
+  while (written < data.size()) {
+    ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      raise(ErrorKind::Io, "cannot write '{}': {}", tmp.string(), std::strerror(err));
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    raise(ErrorKind::Io, "cannot flush '{}': {}", tmp.string(), std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    raise(ErrorKind::Io, "cannot rename '{}' to '{}': {}", tmp.string(), path.string(),
+          std::strerror(err));
+  }
+  fsync_path(path.has_parent_path() ? path.parent_path() : fs::path("."), O_RDONLY | O_DIRECTORY);
+}
+
+void ensure_directory(const fs::path& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) raise(ErrorKind::Io, "cannot create directory '{}': {}", path.string(), ec.message());
+}
+
+MappedFile::MappedFile(const fs::path& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) raise(ErrorKind::Io, "cannot open '{}': {}", path.string(), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    raise(ErrorKind::Io, "cannot stat '{}': {}", path.string(), std::strerror(err));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      raise(ErrorKind::Io, "cannot map '{}': {}", path.string(), std::strerror(err));
+    }
+    data_ = static_cast<const std::uint8_t*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() { reset(); }
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)), data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    reset();
+    path_ = std::move(other.path_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+void MappedFile::reset() {
+  if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace spes

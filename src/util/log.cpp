@@ -1,0 +1,33 @@
+#include "spes/util/log.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <vector>
+
+#include "spes/util/error.h"
+
+namespace spes {
+
+void init_logging(const std::string& level, const std::string& file) {
+  auto parsed = spdlog::level::from_str(level);
+  if (parsed == spdlog::level::off && level != "off")
+    raise(ErrorKind::Usage, "unknown log level '{}' (use trace, debug, info, warn or error)", level);
+  std::vector<spdlog::sink_ptr> sinks;
+  sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  if (!file.empty()) {
+    try {
+      sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, false));
+    } catch (const spdlog::spdlog_ex& e) {
+      raise(ErrorKind::Io, "cannot open log file '{}': {}", file, e.what());
+    }
+  }
+  auto logger = std::make_shared<spdlog::logger>("spes", sinks.begin(), sinks.end());
+  logger->set_level(parsed);
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %v");
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace spes

@@ -1,0 +1,82 @@
+#include "spes/util/process.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "spes/util/error.h"
+
+namespace spes {
+
+std::int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::int64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * ::sysconf(_SC_PAGESIZE);
+}
+
+bool program_exists(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return false;
+  std::string dirs(path);
+  std::size_t start = 0;
+  while (start <= dirs.size()) {
+    std::size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string candidate = dirs.substr(start, end - start) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+CommandResult run_command(const std::vector<std::string>& argv, const std::filesystem::path& cwd) {
+  SPES_CHECK(!argv.empty(), "run_command needs a program");
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
+    raise(ErrorKind::Io, "cannot create a pipe for '{}': {}", argv[0], std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0) raise(ErrorKind::Io, "cannot start '{}': {}", argv[0], std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(pipe_fds[1], STDOUT_FILENO);
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) _exit(126);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    _exit(127);
+  }
+  ::close(pipe_fds[1]);
+  CommandResult result;
+  char buffer[4096];
+  while (true) {
+    ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    result.output.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) result.exit_status = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) result.exit_status = 128 + WTERMSIG(status);
+  return result;
+}
+
+}  // namespace spes

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The spes CLI as a user meets it: bad configs, data and flags give a clear message naming
+# the file/key/line and a distinct exit code; a short real run prints progress and metrics.
+# usage: cli_errors.sh SPES_BINARY SOURCE_DIR TEST_DATA_DIR
+set -uo pipefail
+SPES=$1
+SRC=$2
+DATA=$3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+
+# expect NAME EXIT_CODE SUBSTRING -- command...
+expect() {
+  local name=$1 code=$2 needle=$3
+  shift 4
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [[ $rc -ne $code ]]; then
+    echo "FAIL $name: exit $rc, expected $code"; echo "$out" | tail -5; failures=$((failures + 1)); return
+  fi
+  if [[ "$out" != *"$needle"* ]]; then
+    echo "FAIL $name: output lacks '$needle'"; echo "$out" | tail -5; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name"
+}
+
+TINY=$SRC/configs/tiny.yaml
+COMMON=(--set "data.dir=$DATA/tiny" --set "run.out_dir=$TMP/run")
+
+sed 's/^  n_heads: 4$/  n_head: 4/' "$TINY" > "$TMP/unknown.yaml"
+expect unknown-key 3 "unknown.yaml:12: unknown key 'model.n_head'" -- "$SPES" train -c "$TMP/unknown.yaml"
+sed 's/^  n_heads: 4$/  n_heads: 3/' "$TINY" > "$TMP/heads.yaml"
+expect heads-divide 3 "heads.yaml:12 (model.n_heads): n_heads (3) must divide d_model (64)" -- "$SPES" train -c "$TMP/heads.yaml"
+sed 's/^  steps: 200$/  steps: lots/' "$TINY" > "$TMP/type.yaml"
+expect wrong-type 3 "(train.steps): expected an integer, got 'lots'" -- "$SPES" train -c "$TMP/type.yaml"
+expect top-k 3 "top_k (9) must be between 1 and n_experts (8)" -- "$SPES" model info -c "$TINY" --set model.top_k=9
+expect owned-range 3 "expert 8 is out of range" -- "$SPES" train -c "$TINY" --set "train.owned_experts=[0, 8]"
+expect missing-config 3 "config file '$TMP/none.yaml' does not exist" -- "$SPES" train -c "$TMP/none.yaml"
+expect bad-flag 109 "unknown-flag" -- "$SPES" train -c "$TINY" --unknown-flag
+
+mkdir -p "$TMP/empty"
+expect empty-corpus 4 "holds no text" -- "$SPES" data prepare -c "$TINY" --set "data.corpus=$TMP/empty" --set "data.dir=$TMP/d1"
+expect missing-tokenizer 4 "tokenizer model '$TMP/no.model' does not exist" -- \
+  "$SPES" data prepare -c "$TINY" --set "data.corpus=$SRC/configs" --set "data.dir=$TMP/d2" --set "data.tokenizer=$TMP/no.model"
+
+cp -r "$DATA/tiny" "$TMP/broken"
+head -c 100000 "$DATA/tiny/train.bin" > "$TMP/broken/train.bin"
+expect truncated-shard 4 "train.bin' is truncated" -- "$SPES" train -c "$TINY" --set "data.dir=$TMP/broken" --set "run.out_dir=$TMP/run"
+printf 'not a shard at all, just some text that is long enough' > "$TMP/broken/train.bin"
+expect foreign-shard 4 "is not a spes token shard" -- "$SPES" train -c "$TINY" --set "data.dir=$TMP/broken" --set "run.out_dir=$TMP/run"
+
+expect model-info 0 "active per token" -- "$SPES" model info -c "$SRC/configs/1b.yaml"
+expect train-runs 0 "final validation loss" -- "$SPES" train -c "$TINY" "${COMMON[@]}" --set train.steps=20 --set train.log_every=5
+if [[ $(grep -c '"type":"train"' "$TMP/run/metrics.jsonl") -ne 20 ]] || ! grep -q '"val_loss"' "$TMP/run/metrics.jsonl" \
+   || ! grep -q '"expert_load"' "$TMP/run/metrics.jsonl" || ! grep -q 'step    20/20' "$TMP/run/train.log"; then
+  echo "FAIL metrics: metrics.jsonl or train.log incomplete"; failures=$((failures + 1))
+else
+  echo "ok   metrics"
+fi
+
+passed=$(( 15 - failures ))
+echo "$passed passed, $failures failed"
+[[ $failures -eq 0 ]]

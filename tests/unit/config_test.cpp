@@ -1,0 +1,151 @@
+#include <gtest/gtest.h>
+
+#include "spes/config/config.h"
+#include "spes/util/error.h"
+#include "test_paths.h"
+
+namespace spes {
+namespace {
+
+const char* kMinimal = R"(model:
+  vocab_size: 512
+  d_model: 64
+  n_layers: 2
+  n_heads: 4
+  d_ff: 128
+  n_experts: 8
+  top_k: 2
+)";
+
+// The message of the Error(Config) that parsing `yaml` throws ("" if none is thrown).
+std::string config_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, "test.yaml", overrides);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, TinyParsesWithItsValues) {
+  Config c = load_config(test::config_path("tiny"));
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_EQ(c.model.n_experts, 8);
+  EXPECT_EQ(c.model.kv_heads(), 4);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::Full);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
+  EXPECT_TRUE(c.owns_all_experts());
+  EXPECT_EQ(c.owned_expert_list().size(), 8u);
+  EXPECT_EQ(c.key_lines.at("model.d_model"), 10);
+}
+
+TEST(Config, DefaultsFollowSpes) {
+  Config c = parse_config(kMinimal, "m.yaml");
+  EXPECT_DOUBLE_EQ(c.optim.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c.optim.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optim.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(c.optim.grad_clip, 1.0);
+  EXPECT_DOUBLE_EQ(c.loss.z_loss, 1e-5);
+  EXPECT_DOUBLE_EQ(c.loss.load_balance, 0.01);
+  EXPECT_DOUBLE_EQ(c.loss.router_z_loss, 0.001);
+  EXPECT_DOUBLE_EQ(c.model.rms_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.schedule.warmup_start_ratio, 0.1);
+  EXPECT_DOUBLE_EQ(c.schedule.min_lr_ratio, 0.1);
+  EXPECT_EQ(c.run.seed, 6198u);
+}
+
+TEST(Config, PaperShapesParse) {
+  for (const char* name : {"tiny", "small", "1b", "7b", "9b-upcycle"}) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(load_config(test::config_path(name)));
+  }
+  Config c = load_config(test::config_path("9b-upcycle"));
+  EXPECT_EQ(c.model.kv_heads(), 8);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::PerHead);
+  EXPECT_TRUE(c.model.norm_topk_prob);
+}
+
+TEST(Config, UnknownKeyNamesFileLineAndKey) {
+  std::string msg = config_error(std::string(kMinimal) + "  n_head: 4\n");
+  EXPECT_NE(msg.find("test.yaml:9"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown key 'model.n_head'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("n_heads"), std::string::npos) << msg;  // the known keys are listed
+  msg = config_error(std::string(kMinimal) + "trainer:\n  steps: 3\n");
+  EXPECT_NE(msg.find("unknown key 'trainer'"), std::string::npos) << msg;
+}
+
+TEST(Config, WrongTypeNamesLineAndKey) {
+  std::string msg = config_error(std::string(kMinimal) + "train:\n  steps: many\n");
+  EXPECT_NE(msg.find("test.yaml:10 (train.steps)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected an integer, got 'many'"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "optim:\n  lr: [1, 2]\n");
+  EXPECT_NE(msg.find("(optim.lr): expected a number"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "  norm_topk_prob: maybe\n");
+  EXPECT_NE(msg.find("expected true or false"), std::string::npos) << msg;
+}
+
+TEST(Config, ImpossibleShapesAreRefused) {
+  std::string base = kMinimal;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = base;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  std::string msg = config_error(replace("n_heads: 4", "n_heads: 5"));
+  EXPECT_NE(msg.find("test.yaml:5 (model.n_heads): n_heads (5) must divide d_model (64)"), std::string::npos) << msg;
+  msg = config_error(replace("top_k: 2", "top_k: 9"));
+  EXPECT_NE(msg.find("(model.top_k): top_k (9) must be between 1 and n_experts (8)"), std::string::npos) << msg;
+  msg = config_error(replace("  d_ff: 128\n", ""));
+  EXPECT_NE(msg.find("(model.d_ff): is required"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "  n_kv_heads: 3\n");
+  EXPECT_NE(msg.find("n_kv_heads (3) must divide n_heads (4)"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "  qk_norm: sometimes\n");
+  EXPECT_NE(msg.find("must be none, full or per_head"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "data:\n  seq_len: 4096\n");
+  EXPECT_NE(msg.find("exceeds model.max_seq_len"), std::string::npos) << msg;
+}
+
+TEST(Config, OwnedExperts) {
+  Config c = parse_config(std::string(kMinimal) + "train:\n  owned_experts: [6, \"0-2\"]\n", "t.yaml");
+  EXPECT_EQ(c.owned_expert_list(), (std::vector<int>{0, 1, 2, 6}));
+  EXPECT_FALSE(c.owns_all_experts());
+  std::string msg = config_error(std::string(kMinimal) + "train:\n  owned_experts: [1, 8]\n");
+  EXPECT_NE(msg.find("test.yaml:10 (train.owned_experts): expert 8 is out of range: the model has experts 0..7"),
+            std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "train:\n  owned_experts: [1, 1]\n");
+  EXPECT_NE(msg.find("listed twice"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "train:\n  owned_experts: some\n");
+  EXPECT_NE(msg.find("expected 'all' or a list"), std::string::npos) << msg;
+}
+
+TEST(Config, OverridesApplyAndAreNamedInErrors) {
+  Config c = parse_config(kMinimal, "m.yaml", {"train.steps=7", "optim.lr=1e-2", "run.name=x"});
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-2);
+  EXPECT_EQ(c.run.name, "x");
+  std::string msg = config_error(kMinimal, {"train.stepz=7"});
+  EXPECT_NE(msg.find("--set train.stepz"), std::string::npos) << msg;
+  msg = config_error(kMinimal, {"train.steps=-1"});
+  EXPECT_NE(msg.find("(--set train.steps): must be positive"), std::string::npos) << msg;
+  msg = config_error(kMinimal, {"nonsense"});
+  EXPECT_NE(msg.find("expected section.key=value"), std::string::npos) << msg;
+}
+
+TEST(Config, MissingFileAndBadYaml) {
+  try {
+    load_config("/nonexistent/x.yaml");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("'/nonexistent/x.yaml' does not exist"), std::string::npos);
+  }
+  std::string msg = config_error("model: [unclosed\n");
+  EXPECT_NE(msg.find("not valid YAML"), std::string::npos) << msg;
+  msg = config_error("run:\n  name: a\n");
+  EXPECT_NE(msg.find("'model' section is required"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace spes

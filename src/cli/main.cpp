@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "spes/util/error.h"
+#include "spes/util/process.h"
 
 namespace spes::cli {
 
@@ -16,6 +17,7 @@ void add_config_options(CLI::App& cmd, ConfigOptions& options) {
 }  // namespace spes::cli
 
 int main(int argc, char** argv) {
+  spes::keep_freed_memory_for_reuse();
   CLI::App app{"spes: pretrain mixture-of-experts language models on standalone machines (SPES)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "spes 0.1.0");

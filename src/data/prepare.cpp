@@ -110,8 +110,7 @@ PreparedData prepare_data(const Config& config, bool force) {
     opts.vocab_size = config.model.vocab_size;
     opts.model_type = config.data.tokenizer_type;
     opts.seed = static_cast<std::uint32_t>(config.run.seed);
-    opts.threads = config.run.threads > 0 ? config.run.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     spdlog::info("training a {} tokenizer with {} pieces", opts.model_type, opts.vocab_size);
     Tokenizer::train(train_copy, p.tokenizer, opts);
   } else {

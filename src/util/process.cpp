@@ -1,5 +1,7 @@
 #include "spes/util/process.h"
 
+#include <malloc.h>
+
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -77,6 +79,11 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::files
   if (WIFEXITED(status)) result.exit_status = WEXITSTATUS(status);
   else if (WIFSIGNALED(status)) result.exit_status = 128 + WTERMSIG(status);
   return result;
+}
+
+void keep_freed_memory_for_reuse() {
+  mallopt(M_MMAP_MAX, 0);  // large blocks come from the heap too (glibc still mmaps when it must)
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace spes

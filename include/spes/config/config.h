@@ -21,7 +21,7 @@ struct RunConfig {
   int node_id = 0;                 // which node of a SPES cluster this is (0 for a single node)
   std::string out_dir = "runs/run";  // metrics.jsonl, train.log, checkpoints go here
   std::string log_level = "info";
-  int threads = 0;                 // libtorch intra-op threads; 0 = all cores
+  int threads = 1;                 // libtorch intra-op threads; 0 = one per core (BLAS has its own pool)
 };
 
 struct ModelConfig {

@@ -24,6 +24,12 @@ struct CommandResult {
 CommandResult run_command(const std::vector<std::string>& argv,
                           const std::filesystem::path& cwd = {});
 
+// Keeps freed memory in the heap instead of returning it to the kernel: a training step frees
+// and reallocates the same large activation buffers every step, and with glibc's defaults each
+// one is a fresh mmap whose pages the kernel zeroes again (a fifth of the step time on `small`).
+// Peak RSS is unchanged; call once at start, before threads start.
+void keep_freed_memory_for_reuse();
+
 // True when `program` is found in PATH.
 bool program_exists(const std::string& program);
 

@@ -19,7 +19,9 @@ void add_config_options(CLI::App& cmd, ConfigOptions& options);
 
 void add_data_commands(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_node_command(CLI::App& app);
 void add_model_commands(CLI::App& app);
 void add_bench_commands(CLI::App& app);
+void add_bench_sync(CLI::App& bench);  // tests/bench/bench_sync.cpp
 
 }  // namespace spes::cli

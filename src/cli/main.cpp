@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "spes 0.1.0");
   spes::cli::add_data_commands(app);
   spes::cli::add_train_command(app);
+  spes::cli::add_node_command(app);
   spes::cli::add_model_commands(app);
   spes::cli::add_bench_commands(app);
   try {

@@ -13,6 +13,15 @@
 namespace spes {
 using config_detail::MapReader;
 
+const char* wire_encoding_name(WireEncoding encoding) {
+  switch (encoding) {
+    case WireEncoding::Fp32: return "fp32";
+    case WireEncoding::Bf16: return "bf16";
+    case WireEncoding::Int8Delta: return "int8_delta";
+  }
+  return "?";
+}
+
 const char* qk_norm_name(QkNorm norm) {
   switch (norm) {
     case QkNorm::None: return "none";
@@ -164,24 +173,24 @@ void read_schedule(MapReader r, ScheduleConfig& c) {
   if (c.min_lr_ratio < 0 || c.min_lr_ratio > 1) r.fail("min_lr_ratio", "must be in [0, 1]");
 }
 
-// owned_experts: `all`, or a list of indices and "a-b" ranges.
-std::vector<int> read_owned(MapReader& r, const YAML::Node& node) {
+// A list of experts: `all`, or a list of indices and "a-b" ranges.
+std::vector<int> read_expert_list(MapReader& r, const YAML::Node& node, const std::string& key) {
   std::vector<int> out;
   if (!node || node.IsNull()) return out;
   if (node.IsScalar()) {
     if (node.Scalar() == "all") return out;
-    r.fail("owned_experts", fmt::format("expected 'all' or a list of expert indices, got '{}'", node.Scalar()));
+    r.fail(key, fmt::format("expected 'all' or a list of expert indices, got '{}'", node.Scalar()));
   }
-  if (!node.IsSequence()) r.fail("owned_experts", "expected 'all' or a list of expert indices");
+  if (!node.IsSequence()) r.fail(key, "expected 'all' or a list of expert indices");
   for (const auto& item : node) {
-    if (!item.IsScalar()) r.fail("owned_experts", "list items must be integers or 'a-b' ranges");
+    if (!item.IsScalar()) r.fail(key, "list items must be integers or 'a-b' ranges");
     const std::string& text = item.Scalar();
     auto dash = text.find('-', 1);
     try {
       if (dash != std::string::npos) {
         int lo = std::stoi(text.substr(0, dash));
         int hi = std::stoi(text.substr(dash + 1));
-        if (hi < lo) r.fail("owned_experts", fmt::format("range '{}' is empty", text));
+        if (hi < lo) r.fail(key, fmt::format("range '{}' is empty", text));
         for (int e = lo; e <= hi; ++e) out.push_back(e);
       } else {
         std::size_t used = 0;
@@ -190,7 +199,7 @@ std::vector<int> read_owned(MapReader& r, const YAML::Node& node) {
         out.push_back(e);
       }
     } catch (const std::logic_error&) {
-      r.fail("owned_experts", fmt::format("'{}' is not an expert index or 'a-b' range", text));
+      r.fail(key, fmt::format("'{}' is not an expert index or 'a-b' range", text));
     }
   }
   return out;
@@ -203,7 +212,7 @@ void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
   r.get("log_every", c.log_every);
   r.get("eval_every", c.eval_every);
   r.get("eval_batches", c.eval_batches);
-  c.owned_experts = read_owned(r, r.raw("owned_experts"));
+  c.owned_experts = read_expert_list(r, r.raw("owned_experts"), "owned_experts");
   r.finish();
   if (c.steps <= 0) r.fail("steps", "must be positive");
   if (c.batch_size <= 0) r.fail("batch_size", "must be positive");
@@ -218,6 +227,137 @@ void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
                                           e, model.n_experts - 1));
     if (!seen.insert(e).second) r.fail("owned_experts", fmt::format("expert {} is listed twice", e));
   }
+}
+
+WireEncoding read_encoding(MapReader& r, const std::string& key, WireEncoding value) {
+  std::string name = wire_encoding_name(value);
+  r.get(key, name);
+  for (auto e : {WireEncoding::Fp32, WireEncoding::Bf16, WireEncoding::Int8Delta})
+    if (name == wire_encoding_name(e)) return e;
+  r.fail(key, fmt::format("must be fp32, bf16 or int8_delta, got '{}'", name));
+}
+
+void read_peers(MapReader& r, SyncConfig& c, const ModelConfig& model, const std::string& source,
+                std::map<std::string, int>* lines) {
+  YAML::Node list = r.raw("peers");
+  if (!list || list.IsNull()) return;
+  if (!list.IsSequence()) r.fail("peers", "expected a list of {id, address, experts} mappings");
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    MapReader item(list[i], fmt::format("sync.peers[{}]", i), source, lines);
+    PeerConfig peer;
+    if (!item.has("id")) item.fail("id", "is required");
+    if (!item.has("address")) item.fail("address", "is required (host:port of its sync service)");
+    item.get("id", peer.id);
+    item.get("address", peer.address);
+    peer.experts = read_expert_list(item, item.raw("experts"), "experts");
+    item.finish();
+    for (int e : peer.experts)
+      if (e < 0 || e >= model.n_experts)
+        item.fail("experts", fmt::format("expert {} is out of range: the model has experts 0..{}", e,
+                                         model.n_experts - 1));
+    if (peer.address.rfind(':') == std::string::npos)
+      item.fail("address", fmt::format("'{}' is not host:port", peer.address));
+    c.peers.push_back(std::move(peer));
+  }
+}
+
+// Checks the peer list and fills in contiguous expert ownership when no peer lists experts.
+void check_peers(MapReader& r, SyncConfig& c, const ModelConfig& model) {
+  const int n = static_cast<int>(c.peers.size());
+  std::set<std::string> addresses;
+  std::vector<bool> ids(static_cast<std::size_t>(n), false);
+  bool any_experts = false, all_experts = true;
+  for (const auto& p : c.peers) {
+    if (p.id < 0 || p.id >= n)
+      r.fail("peers", fmt::format("peer id {} is out of range: ids must be 0..{} (one per peer)", p.id, n - 1));
+    if (ids[static_cast<std::size_t>(p.id)]) r.fail("peers", fmt::format("peer id {} is listed twice", p.id));
+    ids[static_cast<std::size_t>(p.id)] = true;
+    if (!addresses.insert(p.address).second)
+      r.fail("peers", fmt::format("address {} is used by two peers", p.address));
+    any_experts |= !p.experts.empty();
+    all_experts &= !p.experts.empty();
+  }
+  std::sort(c.peers.begin(), c.peers.end(), [](const PeerConfig& a, const PeerConfig& b) { return a.id < b.id; });
+  if (!any_experts) {
+    if (model.n_experts % n != 0)
+      r.fail("peers", fmt::format("{} experts cannot be split evenly over {} peers: list each peer's experts",
+                                  model.n_experts, n));
+    const int m = static_cast<int>(model.n_experts) / n;
+    for (auto& p : c.peers)
+      for (int e = 0; e < m; ++e) p.experts.push_back(p.id * m + e);
+    return;
+  }
+  if (!all_experts) r.fail("peers", "either every peer lists its experts or none does (contiguous split)");
+  std::vector<int> owner(static_cast<std::size_t>(model.n_experts), -1);
+  for (const auto& p : c.peers)
+    for (int e : p.experts) {
+      if (owner[e] >= 0)
+        r.fail("peers", fmt::format("expert {} is owned by peers {} and {}", e, owner[e], p.id));
+      owner[e] = p.id;
+    }
+  for (int e = 0; e < model.n_experts; ++e)
+    if (owner[e] < 0) r.fail("peers", fmt::format("expert {} is owned by no peer", e));
+}
+
+void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::string& source,
+               std::map<std::string, int>* lines) {
+  r.get("every", c.every);
+  read_peers(r, c, model, source, lines);
+  r.get("listen", c.listen);
+  r.get("run_id", c.run_id);
+  r.get("token", c.token);
+  r.get("token_file", c.token_file);
+  r.get("insecure", c.insecure);
+  MapReader tls = r.section("tls");
+  tls.get("ca", c.tls_ca);
+  tls.get("cert", c.tls_cert);
+  tls.get("key", c.tls_key);
+  tls.finish();
+  MapReader enc = r.section("encoding");
+  c.shared_encoding = read_encoding(enc, "shared", c.shared_encoding);
+  c.expert_encoding = read_encoding(enc, "experts", c.expert_encoding);
+  enc.finish();
+  r.get("chunk_bytes", c.chunk_bytes);
+  r.get("round_timeout_s", c.round_timeout_s);
+  r.get("peer_wait_s", c.peer_wait_s);
+  r.get("retry_backoff_s", c.retry_backoff_s);
+  r.get("max_rel_change", c.max_rel_change);
+  r.get("dump_dir", c.dump_dir);
+  r.finish();
+  if (c.every < 0) r.fail("every", "must be >= 0 (0 = no synchronization)");
+  if (c.chunk_bytes < 4096 || c.chunk_bytes > (64 << 20)) r.fail("chunk_bytes", "must be between 4096 and 64 MiB");
+  if (c.round_timeout_s <= 0) r.fail("round_timeout_s", "must be positive");
+  if (c.peer_wait_s < 0) r.fail("peer_wait_s", "must be >= 0");
+  if (c.retry_backoff_s < 0) r.fail("retry_backoff_s", "must be >= 0");
+  if (c.max_rel_change <= 0) r.fail("max_rel_change", "must be positive");
+  if (!c.enabled()) return;
+  if (c.peers.empty()) r.fail("peers", "is required when sync.every > 0: list every node of the run");
+  check_peers(r, c, model);
+  if (c.token.empty() && c.token_file.empty())
+    r.fail("token", "a run token is required (sync.token or sync.token_file)");
+  if (!c.token_file.empty() && !std::filesystem::exists(c.token_file))
+    r.fail("token_file", fmt::format("file '{}' does not exist", c.token_file));
+  const bool any_tls = !c.tls_ca.empty() || !c.tls_cert.empty() || !c.tls_key.empty();
+  if (c.insecure && any_tls) r.fail("insecure", "is true but sync.tls is also given: choose one");
+  if (!c.insecure) {
+    if (!any_tls) r.fail("tls", "TLS files are required (sync.tls.ca, cert, key), or set sync.insecure: true");
+    for (auto [key, path] : {std::pair{"ca", &c.tls_ca}, {"cert", &c.tls_cert}, {"key", &c.tls_key}}) {
+      if (path->empty()) tls.fail(key, "is required with TLS");
+      if (!std::filesystem::exists(*path)) tls.fail(key, fmt::format("file '{}' does not exist", *path));
+    }
+  }
+}
+
+void read_merge(MapReader r, MergeConfig& c) {
+  r.get("alpha", c.alpha);
+  r.get("horizon", c.horizon);
+  r.get("every", c.every);
+  r.get("top_k", c.top_k);
+  r.finish();
+  if (c.alpha < 0 || c.alpha >= 1) r.fail("alpha", "must be in [0, 1) (0 = no warm-up)");
+  if (c.horizon <= 0) r.fail("horizon", "must be positive");
+  if (c.every <= 0) r.fail("every", "must be positive");
+  if (c.top_k < 1) r.fail("top_k", "must be >= 1");
 }
 
 }  // namespace
@@ -246,7 +386,25 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   read_optim(top.section("optim"), c.optim);
   read_schedule(top.section("schedule"), c.schedule);
   read_train(top.section("train"), c.train, c.model);
+  read_sync(top.section("sync"), c.sync, c.model, source_name, &c.key_lines);
+  read_merge(top.section("merge"), c.merge);
   top.finish();
+
+  if (c.sync.enabled()) {
+    auto self = std::find_if(c.sync.peers.begin(), c.sync.peers.end(),
+                             [&](const PeerConfig& p) { return p.id == c.run.node_id; });
+    if (self == c.sync.peers.end())
+      raise(ErrorKind::Config, "{}: run.node_id {} is not among sync.peers", c.where("run.node_id"), c.run.node_id);
+    std::vector<int> mine = self->experts;
+    std::sort(mine.begin(), mine.end());
+    if (c.train.owned_experts.empty()) c.train.owned_experts = mine;
+    else if (c.owned_expert_list() != mine)
+      raise(ErrorKind::Config, "{}: train.owned_experts differs from the experts sync.peers gives node {}",
+            c.where("train.owned_experts"), c.run.node_id);
+    if (c.merge.alpha > 0 && c.merge.every % c.sync.every != 0)
+      raise(ErrorKind::Config, "{}: merge.every ({}) must be a multiple of sync.every ({}): merges happen at sync rounds",
+            c.where("merge.every"), c.merge.every, c.sync.every);
+  }
 
   if (c.data.seq_len > c.model.max_seq_len)
     raise(ErrorKind::Config, "{}: data.seq_len ({}) exceeds model.max_seq_len ({})",

@@ -42,4 +42,9 @@ void MetricsLog::write(const EvalStats& e) {
   if (!out_) raise(ErrorKind::Io, "cannot write metrics file '{}'", path_);
 }
 
+void MetricsLog::write_line(const std::string& json_object) {
+  out_ << json_object << '\n';
+  out_.flush();
+}
+
 }  // namespace spes

@@ -154,6 +154,7 @@ EvalStats Trainer::run() {
   EvalStats last_eval;
   while (step_ < tc.steps) {
     StepStats s = step();
+    if (after_step_) after_step_(s);
     window_seconds += s.seconds;
     window_tokens += static_cast<double>(s.tokens);
     window_flops += s.flops;

@@ -168,6 +168,7 @@ void add_bench_commands(CLI::App& app) {
     if (o->child_case.empty()) run_bench(*o);
     else run_case(*o);
   });
+  add_bench_sync(*bench);
 }
 
 }  // namespace spes::cli

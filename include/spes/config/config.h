@@ -85,6 +85,46 @@ struct TrainConfig {
   std::vector<int> owned_experts;    // expert indices (same in every layer) this node trains; empty = all
 };
 
+// How tensor values travel between nodes (see spes/sync/codec.h).
+enum class WireEncoding { Fp32, Bf16, Int8Delta };
+const char* wire_encoding_name(WireEncoding encoding);
+
+struct PeerConfig {
+  int id = 0;
+  std::string address;        // host:port of that node's sync service
+  std::vector<int> experts;   // experts it owns (same indices in every layer)
+};
+
+struct SyncConfig {
+  std::int64_t every = 0;             // H: optimizer steps between rounds; 0 = no sync (one node)
+  std::vector<PeerConfig> peers;      // every node of the run, this one included
+  std::string listen;                 // bind address; empty = this node's peer address
+  std::string run_id;                 // empty = run.name; checked on every message
+  std::string token;                  // run token sent and checked on every call
+  std::string token_file;             // ... or read from this file
+  bool insecure = false;              // plaintext without TLS: only when said explicitly
+  std::string tls_ca, tls_cert, tls_key;  // PEM files: CA, this node's certificate and key
+  WireEncoding shared_encoding = WireEncoding::Fp32;
+  WireEncoding expert_encoding = WireEncoding::Fp32;
+  std::int64_t chunk_bytes = 4 << 20;  // payload bytes per streamed message
+  double round_timeout_s = 600;        // a peer not answering within this is skipped this round
+  double peer_wait_s = 30;             // a peer refusing connections is retried this long (start-up skew)
+  double retry_backoff_s = 0.2;        // first back-off between those retries, doubled up to 2 s
+  double max_rel_change = 1.0;         // reject a tensor with |new - current| > this * |current|
+  std::string dump_dir;                // write pre/post-round parameters here (tests, debugging)
+
+  bool enabled() const { return every > 0; }
+  std::string effective_run_id(const RunConfig& run) const { return run_id.empty() ? run.name : run_id; }
+};
+
+// Expert-merging warm-up (SPES.md): alpha(t) = alpha * (1 - min(t / horizon, 1)).
+struct MergeConfig {
+  double alpha = 0.01;           // alpha_0; 0 = off
+  std::int64_t horizon = 10000;  // T: steps over which alpha decays to 0
+  std::int64_t every = 500;      // merge at sync steps that are multiples of this
+  int top_k = 4;                 // K most similar experts (at most n_experts - 1 are used)
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -93,6 +133,8 @@ struct Config {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  SyncConfig sync;
+  MergeConfig merge;
 
   std::string source;                     // the file it came from
   std::map<std::string, int> key_lines;   // "model.d_model" -> line in `source`

@@ -37,6 +37,8 @@ class MetricsLog {
   MetricsLog(const std::string& path, bool append);
   void write(const StepStats& s);
   void write(const EvalStats& e);
+  // Any other record: one JSON object, already serialized, written as one line.
+  void write_line(const std::string& json_object);
   bool is_open() const { return out_.is_open(); }
 
  private:

@@ -8,6 +8,7 @@
 
 #include <torch/optim/adamw.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -38,6 +39,12 @@ class Trainer {
   // Returns the final evaluation.
   EvalStats run();
 
+  // Called by run() after every optimizer step, before the progress line (the node daemon
+  // runs its sync rounds here).
+  void set_after_step(std::function<void(const StepStats&)> hook) { after_step_ = std::move(hook); }
+  // The run's JSONL metrics file, or null when outputs are off.
+  MetricsLog* metrics() { return metrics_ ? &*metrics_ : nullptr; }
+
   MoeTransformer& model() { return model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   std::int64_t step_count() const { return step_; }
@@ -58,6 +65,7 @@ class Trainer {
   std::optional<MetricsLog> metrics_;
   std::int64_t step_ = 0;
   double peak_flops_ = 0;
+  std::function<void(const StepStats&)> after_step_;
 };
 
 // Sets libtorch's intra-op threads from run.threads (0 = all cores); returns the count.

@@ -1,0 +1,69 @@
+// One node's side of SPES synchronization: its SyncService (serving its snapshots) and the round
+// protocol (see docs/protocol.md). Torch-free: it reads and writes the model through a ParamSet.
+//
+// Round r on every node, in lock-step:
+//   1. publish snapshot r: own experts and the node's copy of every shared slice, encoded once;
+//   2. reduce: fetch this node's slice of the shared parameters from every peer and average them
+//      in fp32 in node-id order; publish the average;
+//   3. gather: fetch every other averaged slice from its aggregator and every other expert from
+//      its owner, validating each tensor before use;
+//   4. load into the model (optimizer state is never touched), then the merge warm-up if due.
+// A peer that does not answer in time, or whose payload fails validation, is skipped for the
+// round: its experts keep their last synced value and the shared mean is over those who answered.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spes/config/config.h"
+#include "spes/sync/params.h"
+
+namespace spes {
+
+struct PeerSkip {
+  int peer = 0;
+  std::string reason;
+};
+
+struct SyncRoundReport {
+  std::uint64_t round = 0;
+  std::int64_t step = 0;
+  double seconds = 0;
+  std::uint64_t bytes_in = 0;     // payload bytes this node received this round
+  std::uint64_t bytes_out = 0;    // payload bytes its service has sent so far (all rounds)
+  std::vector<PeerSkip> skipped;  // peers skipped this round and why
+  bool merged = false;
+  double merge_alpha = 0;
+};
+
+class SyncEngine {
+ public:
+  // Reads the run token and TLS files, binds the sync service (Error(Io) if the port is taken).
+  SyncEngine(const Config& config, ParamSet params);
+  ~SyncEngine();
+  SyncEngine(const SyncEngine&) = delete;
+  SyncEngine& operator=(const SyncEngine&) = delete;
+
+  // Runs round `round` (1, 2, ...) at optimizer step `step`; returns when this node holds the
+  // round's result. Throws only on internal errors: peers' failures become skips.
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step);
+
+  // Before leaving: waits (up to timeout_s) until every peer has fetched its part of the last
+  // round from this node, so that a node finishing first does not make the others skip it.
+  void finish(double timeout_s);
+
+  int port() const;
+  std::uint64_t bytes_sent() const;
+  std::uint64_t bytes_received() const;
+  std::uint64_t calls_refused() const;
+  // Peer id → rounds it was skipped in.
+  std::vector<std::uint64_t> skip_counts() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spes

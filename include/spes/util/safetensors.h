@@ -1,0 +1,29 @@
+// Minimal safetensors files (https://github.com/huggingface/safetensors): an 8-byte little-endian
+// header length, a JSON header {name: {dtype, shape, data_offsets}}, then raw little-endian data.
+// Only F32 for now. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace spes {
+
+struct TensorView {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  const float* data = nullptr;
+};
+
+struct LoadedTensor {
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+
+// Writes atomically (temporary file, fsync, rename). Throws Error(Io).
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors);
+// Throws Error(Checkpoint) naming the file for anything malformed.
+std::map<std::string, LoadedTensor> read_safetensors(const std::string& path);
+
+}  // namespace spes

@@ -1,0 +1,362 @@
+#include "spes/sync/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "payload.h"
+#include "spes/sync/merge.h"
+#include "spes/util/error.h"
+#include "transport.h"
+
+namespace spes {
+using namespace sync_detail;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Fetched {
+  bool ok = false;
+  std::string reason;
+  std::vector<float> values;
+  std::vector<std::uint32_t> contributors;
+};
+
+// The fp32 mean of equally long contributions, summed in the order given (node-id order), then
+// divided: every node that computes it gets the same bits.
+std::vector<float> fp32_mean(const std::vector<const std::vector<float>*>& parts) {
+  std::vector<float> out(*parts.front());
+  for (std::size_t p = 1; p < parts.size(); ++p) {
+    const float* src = parts[p]->data();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] += src[i];
+  }
+  const float n = static_cast<float>(parts.size());
+  for (auto& v : out) v /= n;
+  return out;
+}
+
+}  // namespace
+
+struct SyncEngine::Impl {
+  Config config;
+  ParamSet params;
+  TransportSettings transport;
+  RoundStore store;
+  std::unique_ptr<SyncServer> server;
+  int self = 0, n = 1;
+  std::vector<std::unique_ptr<spes::v1::SyncService::Stub>> stubs;  // per peer; null for self
+  std::vector<std::vector<ParamRange>> slices;          // shared slice k
+  std::vector<std::vector<ParamRange>> peer_experts;    // experts owned by peer j (all layers)
+  bool keeps_baseline = false;                          // int8_delta somewhere
+  bool baseline_ready = false;                          // a round has set `synced` on every node
+  std::vector<std::vector<float>> synced;               // per parameter: last synced values
+  std::vector<float> residual_experts, residual_average;
+  std::vector<std::vector<float>> residual_raw;         // per slice
+  std::vector<bool> suspect;                            // skipped last round: no retries
+  std::vector<std::uint64_t> skips;
+  std::atomic<std::uint64_t> bytes_in{0};
+
+  Impl(const Config& c, ParamSet p) : config(c), params(std::move(p)) {
+    transport = transport_settings(config);
+    self = config.run.node_id;
+    n = static_cast<int>(config.sync.peers.size());
+    for (int k = 0; k < n; ++k) slices.push_back(params.shared_slice(k, n));
+    for (const auto& peer : config.sync.peers) {
+      std::vector<ParamRange> ranges;
+      for (int e : peer.experts)
+        for (const auto& r : params.expert_ranges(e)) ranges.push_back(r);
+      peer_experts.push_back(std::move(ranges));
+    }
+    keeps_baseline = config.sync.shared_encoding == WireEncoding::Int8Delta ||
+                     config.sync.expert_encoding == WireEncoding::Int8Delta;
+    if (keeps_baseline) snapshot_baseline();
+    if (config.sync.expert_encoding != WireEncoding::Fp32)
+      residual_experts.assign(static_cast<std::size_t>(range_numel(peer_experts[self])), 0.0f);
+    if (config.sync.shared_encoding != WireEncoding::Fp32) {
+      residual_average.assign(static_cast<std::size_t>(range_numel(slices[self])), 0.0f);
+      for (int k = 0; k < n; ++k) residual_raw.emplace_back(static_cast<std::size_t>(range_numel(slices[k])), 0.0f);
+    }
+    suspect.assign(static_cast<std::size_t>(n), false);
+    skips.assign(static_cast<std::size_t>(n), 0);
+
+    server = std::make_unique<SyncServer>(transport, store);
+    const auto& me = config.sync.peers[self];
+    server->start(config.sync.listen.empty() ? me.address : config.sync.listen);
+    auto credentials = channel_credentials(transport);
+    for (const auto& peer : config.sync.peers) {
+      if (peer.id == self) {
+        stubs.emplace_back();
+        continue;
+      }
+      auto channel = grpc::CreateCustomChannel(peer.address, credentials, channel_arguments(transport));
+      stubs.push_back(spes::v1::SyncService::NewStub(channel));
+    }
+    spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps, shared {}, experts {}",
+                 self, n, server->port(), transport.insecure ? "INSECURE plaintext" : "TLS", transport.run_id,
+                 config.sync.every, wire_encoding_name(config.sync.shared_encoding),
+                 wire_encoding_name(config.sync.expert_encoding));
+    if (transport.insecure)
+      spdlog::warn("sync: sync.insecure is set: weights and the run token travel unencrypted");
+  }
+
+  void snapshot_baseline() {
+    synced.resize(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) synced[i].assign(params[i].data, params[i].data + params[i].numel);
+  }
+
+  std::vector<float> model_values(const std::vector<ParamRange>& ranges) const {
+    return gather(params, ranges, [this](std::size_t i) -> const float* { return params[i].data; });
+  }
+  std::vector<float> baseline_values(const std::vector<ParamRange>& ranges, WireEncoding e) const {
+    if (e != WireEncoding::Int8Delta) return {};
+    return gather(params, ranges, [this](std::size_t i) -> const float* { return synced[i].data(); });
+  }
+
+  StreamHeader header(std::uint64_t round, spes::v1::Part part, std::uint32_t slice, int sender) const {
+    StreamHeader h;
+    h.run_id = transport.run_id;
+    h.round = round;
+    h.sender = static_cast<std::uint32_t>(sender);
+    h.part = part;
+    h.slice = slice;
+    return h;
+  }
+
+  // Encodes values (flat over ranges) into a stream; `decoded` gets what receivers will see.
+  StreamPtr encode(const StreamHeader& h, const std::vector<ParamRange>& ranges, WireEncoding e,
+                   const std::vector<float>& values, std::vector<float>* residual, std::vector<float>& decoded) const {
+    const auto baseline = baseline_values(ranges, e);
+    decoded.assign(values.size(), 0.0f);
+    return build_stream(h, params, ranges, e, values.data(), baseline.empty() ? nullptr : baseline.data(),
+                        residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
+                        decoded.data());
+  }
+
+  Fetched fetch(int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
+                const std::vector<ParamRange>& ranges, WireEncoding e, Clock::time_point deadline) {
+    Fetched out;
+    // A peer skipped last round gets one try; others are retried while they refuse connections
+    // (a node still starting up) for up to sync.peer_wait_s.
+    const auto give_up = suspect[peer] ? Clock::now()
+                                       : std::min(deadline, Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(
+                                                                              config.sync.peer_wait_s * 1000)));
+    double backoff = config.sync.retry_backoff_s;
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
+      context.AddMetadata(kTokenHeader, transport.token);
+      spes::v1::FetchRequest request;
+      request.set_run_id(transport.run_id);
+      request.set_round(round);
+      request.set_part(part);
+      request.set_slice(slice);
+      request.set_requester(static_cast<std::uint32_t>(self));
+      StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
+                              model_values(ranges), config.sync.max_rel_change);
+      auto reader = stubs[peer]->Fetch(&context, request);
+      spes::v1::TensorChunk chunk;
+      std::string invalid;
+      while (reader->Read(&chunk)) {
+        bytes_in += chunk.ByteSizeLong();
+        try {
+          receiver.add(chunk);
+        } catch (const Error& err) {
+          invalid = err.what();
+          context.TryCancel();
+          break;
+        }
+      }
+      grpc::Status status = reader->Finish();
+      if (!invalid.empty()) {
+        out.reason = "rejected payload: " + invalid;
+        return out;
+      }
+      if (status.ok()) {
+        try {
+          receiver.finish();
+        } catch (const Error& err) {
+          out.reason = std::string("rejected payload: ") + err.what();
+          return out;
+        }
+        out.ok = true;
+        out.values = std::move(receiver.values());
+        out.contributors = receiver.contributors();
+        return out;
+      }
+      const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+      const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
+      if (!transient || retry_at >= give_up) {
+        out.reason = fmt::format("{} ({})", status.error_message(), static_cast<int>(status.error_code()));
+        return out;
+      }
+      std::this_thread::sleep_until(retry_at);
+      backoff = std::min(backoff * 2, 2.0);
+    }
+  }
+
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
+    const std::uint64_t in0 = bytes_in.load();
+    // int8 deltas need a baseline every node shares: the first round sends fp32 instead.
+    auto on_wire = [this](WireEncoding e) {
+      return e == WireEncoding::Int8Delta && !baseline_ready ? WireEncoding::Fp32 : e;
+    };
+    const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
+    const WireEncoding se_out = on_wire(se), ee_out = on_wire(ee);
+    SyncRoundReport report;
+    report.round = round;
+    report.step = step;
+    std::vector<std::string> failure(static_cast<std::size_t>(n));  // first reason per peer
+
+    // 1. Publish snapshot r.
+    std::vector<float> own_experts;
+    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), peer_experts[self], ee_out,
+                                 model_values(peer_experts[self]), &residual_experts, own_experts);
+    std::vector<std::vector<float>> own_raw(static_cast<std::size_t>(n));
+    std::vector<StreamPtr> raw_streams;
+    for (int k = 0; k < n; ++k)
+      raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self), slices[k],
+                                   se_out, model_values(slices[k]), residual_raw.empty() ? nullptr : &residual_raw[k],
+                                   own_raw[k]));
+    store.publish(round, experts_stream, std::move(raw_streams));
+
+    // 2. Reduce this node's slice.
+    std::vector<std::future<Fetched>> raw_calls(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j)
+      if (j != self)
+        raw_calls[j] = std::async(std::launch::async, [&, j] {
+          return fetch(j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(self), slices[self], se, deadline);
+        });
+    std::vector<Fetched> raw(static_cast<std::size_t>(n));
+    std::vector<const std::vector<float>*> parts;
+    StreamHeader avg_header = header(round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(self), self);
+    for (int j = 0; j < n; ++j) {
+      if (j == self) {
+        parts.push_back(&own_raw[self]);
+        avg_header.contributors.push_back(static_cast<std::uint32_t>(j));
+        continue;
+      }
+      raw[j] = raw_calls[j].get();
+      if (raw[j].ok) {
+        parts.push_back(&raw[j].values);
+        avg_header.contributors.push_back(static_cast<std::uint32_t>(j));
+      } else {
+        failure[j] = "slice " + std::to_string(self) + ": " + raw[j].reason;
+      }
+    }
+    std::vector<float> own_average;
+    store.publish_average(round, encode(avg_header, slices[self], se_out, fp32_mean(parts),
+                                        residual_average.empty() ? nullptr : &residual_average, own_average));
+    raw.clear();
+
+    // 3. Gather averaged slices and other owners' experts.
+    std::vector<std::future<Fetched>> avg_calls(static_cast<std::size_t>(n)), expert_calls(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      if (j == self || !failure[j].empty()) continue;
+      avg_calls[j] = std::async(std::launch::async, [&, j] {
+        return fetch(j, round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(j), slices[j], se, deadline);
+      });
+      if (!peer_experts[j].empty())
+        expert_calls[j] = std::async(std::launch::async, [&, j] {
+          return fetch(j, round, spes::v1::EXPERTS, 0, peer_experts[j], ee, deadline);
+        });
+    }
+    std::vector<Fetched> averaged(static_cast<std::size_t>(n)), experts(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      if (j == self || !failure[j].empty()) continue;
+      averaged[j] = avg_calls[j].get();
+      if (!averaged[j].ok) failure[j] = "averaged slice: " + averaged[j].reason;
+      if (expert_calls[j].valid()) {
+        experts[j] = expert_calls[j].get();
+        if (!experts[j].ok && failure[j].empty()) failure[j] = "experts: " + experts[j].reason;
+      }
+    }
+    // A slice whose aggregator failed: average it here from the raw copies of the peers that
+    // answered, in node-id order (every surviving node computes the same).
+    for (int k = 0; k < n; ++k) {
+      if (k == self || averaged[k].ok) continue;
+      std::vector<std::future<Fetched>> calls(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j)
+        if (j != self && j != k && failure[j].empty())
+          calls[j] = std::async(std::launch::async, [&, j, k] {
+            return fetch(j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), slices[k], se, deadline);
+          });
+      std::vector<Fetched> got(static_cast<std::size_t>(n));
+      std::vector<const std::vector<float>*> slice_parts;
+      for (int j = 0; j < n; ++j) {
+        if (j == self) {
+          slice_parts.push_back(&own_raw[k]);
+        } else if (calls[j].valid()) {
+          got[j] = calls[j].get();
+          if (got[j].ok) slice_parts.push_back(&got[j].values);
+          else if (failure[j].empty()) failure[j] = "slice " + std::to_string(k) + ": " + got[j].reason;
+        }
+      }
+      averaged[k].values = fp32_mean(slice_parts);
+      averaged[k].ok = true;
+      spdlog::warn("sync: round {}: slice {} averaged locally over {} node(s) (its aggregator was skipped)", round, k,
+                   slice_parts.size());
+    }
+
+    // 4. Load into the model.
+    scatter(params, slices[self], own_average.data());
+    scatter(params, peer_experts[self], own_experts.data());
+    for (int j = 0; j < n; ++j) {
+      if (j == self) continue;
+      scatter(params, slices[j], averaged[j].values.data());
+      if (experts[j].ok) scatter(params, peer_experts[j], experts[j].values.data());
+    }
+    if (merge_due(config.merge, step)) {
+      report.merged = true;
+      report.merge_alpha = merge_alpha(config.merge, step);
+      merge_experts(params, report.merge_alpha, config.merge.top_k);
+    }
+    if (keeps_baseline) {
+      snapshot_baseline();
+      baseline_ready = true;
+    }
+
+    for (int j = 0; j < n; ++j) {
+      suspect[j] = !failure[j].empty();
+      if (suspect[j]) {
+        ++skips[j];
+        report.skipped.push_back({j, failure[j]});
+        spdlog::warn("sync: round {}: skipped node {}: {}", round, j, failure[j]);
+      }
+    }
+    report.bytes_in = bytes_in.load() - in0;
+    report.bytes_out = server->bytes_sent();
+    report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return report;
+  }
+};
+
+SyncEngine::SyncEngine(const Config& config, ParamSet params)
+    : impl_(std::make_unique<Impl>(config, std::move(params))) {}
+SyncEngine::~SyncEngine() = default;
+SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step) { return impl_->run_round(round, step); }
+void SyncEngine::finish(double timeout_s) {
+  Impl& m = *impl_;
+  const std::uint64_t round = m.store.latest();
+  if (round == 0 || m.n == 1) return;
+  // Each other node fetches our averaged slice, its raw copy of its own slice and our experts.
+  // Peers skipped in the last round (dead or hostile) are not waited for.
+  std::size_t live = 0;
+  for (int j = 0; j < m.n; ++j) live += (j != m.self && !m.suspect[j]) ? 1 : 0;
+  const std::size_t expected = live * (m.peer_experts[m.self].empty() ? 2 : 3);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  if (!m.store.wait_served(round, expected, deadline))
+    spdlog::warn("sync: leaving before every peer fetched round {} from this node", round);
+}
+
+int SyncEngine::port() const { return impl_->server->port(); }
+std::uint64_t SyncEngine::bytes_sent() const { return impl_->server->bytes_sent(); }
+std::uint64_t SyncEngine::bytes_received() const { return impl_->bytes_in.load(); }
+std::uint64_t SyncEngine::calls_refused() const { return impl_->server->calls_refused(); }
+std::vector<std::uint64_t> SyncEngine::skip_counts() const { return impl_->skips; }
+
+}  // namespace spes

@@ -1,0 +1,202 @@
+#include "payload.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "spes/sync/codec.h"
+#include "spes/util/error.h"
+
+namespace spes::sync_detail {
+namespace {
+
+spes::v1::Encoding to_wire(WireEncoding e) {
+  switch (e) {
+    case WireEncoding::Fp32: return spes::v1::FP32;
+    case WireEncoding::Bf16: return spes::v1::BF16;
+    case WireEncoding::Int8Delta: return spes::v1::INT8_DELTA;
+  }
+  return spes::v1::ENCODING_UNSPECIFIED;
+}
+
+// Elements per piece so that its payload fits in chunk_bytes; int8 pieces hold whole blocks.
+std::int64_t piece_capacity(WireEncoding e, std::int64_t chunk_bytes, std::int64_t block) {
+  switch (e) {
+    case WireEncoding::Fp32: return chunk_bytes / 4;
+    case WireEncoding::Bf16: return chunk_bytes / 2;
+    case WireEncoding::Int8Delta: {
+      const std::int64_t blocks = std::max<std::int64_t>(1, chunk_bytes / (block + 4));
+      return blocks * block;
+    }
+  }
+  return chunk_bytes;
+}
+
+}  // namespace
+
+std::int64_t range_numel(const std::vector<ParamRange>& ranges) {
+  std::int64_t n = 0;
+  for (const auto& r : ranges) n += r.count;
+  return n;
+}
+
+std::vector<float> gather(const ParamSet& params, const std::vector<ParamRange>& ranges,
+                          const std::function<const float*(std::size_t)>& source) {
+  std::vector<float> flat(static_cast<std::size_t>(range_numel(ranges)));
+  std::int64_t pos = 0;
+  for (const auto& r : ranges) {
+    std::memcpy(flat.data() + pos, source(r.param) + r.offset, static_cast<std::size_t>(r.count) * 4);
+    pos += r.count;
+  }
+  return flat;
+}
+
+void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, const float* flat) {
+  std::int64_t pos = 0;
+  for (const auto& r : ranges) {
+    std::memcpy(params[r.param].data + r.offset, flat + pos, static_cast<std::size_t>(r.count) * 4);
+    pos += r.count;
+  }
+}
+
+StreamPtr build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
+                       WireEncoding encoding, const float* values, const float* baseline, float* residual,
+                       std::int64_t chunk_bytes, float* decoded) {
+  auto stream = std::make_shared<Stream>();
+  std::int64_t pos = 0;
+  for (const auto& r : ranges) {
+    const ParamRef& p = params[r.param];
+    const std::int64_t block = p.row();
+    const std::int64_t cap = piece_capacity(encoding, chunk_bytes, block);
+    for (std::int64_t done = 0; done < r.count;) {
+      const std::int64_t n = std::min(cap, r.count - done);
+      spes::v1::TensorChunk chunk;
+      chunk.set_run_id(header.run_id);
+      chunk.set_round(header.round);
+      chunk.set_sender(header.sender);
+      chunk.set_part(header.part);
+      chunk.set_slice(header.slice);
+      for (auto c : header.contributors) chunk.add_contributors(c);
+      chunk.set_index(static_cast<std::uint32_t>(stream->chunks.size()));
+      auto* piece = chunk.mutable_piece();
+      piece->set_name(p.name);
+      piece->set_dtype(spes::v1::F32);
+      for (auto d : p.shape) piece->add_shape(d);
+      piece->set_encoding(to_wire(encoding));
+      piece->set_offset(static_cast<std::uint64_t>(r.offset + done));
+      piece->set_count(static_cast<std::uint64_t>(n));
+      const float* base = baseline ? baseline + pos : nullptr;
+      std::string data;
+      encode_values(encoding, values + pos, base, residual ? residual + pos : nullptr, n, block, data, decoded + pos);
+      if (encoding == WireEncoding::Int8Delta) {
+        piece->set_block(static_cast<std::uint32_t>(block));
+        piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4));
+      }
+      piece->set_crc32(crc32_of(data.data(), data.size()));
+      piece->set_data(std::move(data));
+      stream->chunks.push_back(std::move(chunk));
+      done += n;
+      pos += n;
+    }
+  }
+  if (stream->chunks.empty()) {  // an empty part still says so (a node with no experts)
+    spes::v1::TensorChunk chunk;
+    chunk.set_run_id(header.run_id);
+    chunk.set_round(header.round);
+    chunk.set_sender(header.sender);
+    chunk.set_part(header.part);
+    chunk.set_slice(header.slice);
+    for (auto c : header.contributors) chunk.add_contributors(c);
+    stream->chunks.push_back(std::move(chunk));
+  }
+  for (auto& c : stream->chunks) c.set_total(static_cast<std::uint32_t>(stream->chunks.size()));
+  for (const auto& c : stream->chunks) stream->bytes += c.ByteSizeLong();
+  return stream;
+}
+
+StreamReceiver::StreamReceiver(StreamHeader expected, const ParamSet& params, std::vector<ParamRange> ranges,
+                               WireEncoding encoding, std::vector<float> baseline, std::vector<float> current,
+                               double max_rel_change)
+    : expected_(std::move(expected)),
+      params_(params),
+      ranges_(std::move(ranges)),
+      encoding_(encoding),
+      baseline_(std::move(baseline)),
+      current_(std::move(current)),
+      values_(static_cast<std::size_t>(range_numel(ranges_))),
+      max_rel_change_(max_rel_change) {}
+
+void StreamReceiver::add(const spes::v1::TensorChunk& chunk) {
+  if (chunk.run_id() != expected_.run_id) raise(ErrorKind::Peer, "chunk of run '{}', expected '{}'", chunk.run_id(), expected_.run_id);
+  if (chunk.round() != expected_.round) raise(ErrorKind::Peer, "chunk of round {}, expected {}", chunk.round(), expected_.round);
+  if (chunk.sender() != expected_.sender || chunk.part() != expected_.part || chunk.slice() != expected_.slice)
+    raise(ErrorKind::Peer, "chunk from node {} part {} slice {} does not answer the request", chunk.sender(),
+          static_cast<int>(chunk.part()), chunk.slice());
+  if (chunk.index() != next_index_) raise(ErrorKind::Peer, "chunk {} arrived where {} was expected", chunk.index(), next_index_);
+  if (next_index_ == 0) {
+    total_ = chunk.total();
+    contributors_.assign(chunk.contributors().begin(), chunk.contributors().end());
+  } else if (chunk.total() != total_) {
+    raise(ErrorKind::Peer, "chunk count changed from {} to {} mid-stream", total_, chunk.total());
+  }
+  ++next_index_;
+  if (next_index_ > total_) raise(ErrorKind::Peer, "more chunks than the announced {}", total_);
+  if (!chunk.has_piece()) {
+    if (!ranges_.empty()) raise(ErrorKind::Peer, "chunk {} carries no tensor", chunk.index());
+    return;
+  }
+  const auto& piece = chunk.piece();
+  if (range_ >= ranges_.size()) raise(ErrorKind::Peer, "unexpected extra tensor '{}'", piece.name());
+  const ParamRange& r = ranges_[range_];
+  const ParamRef& p = params_[r.param];
+  if (piece.name() != p.name) raise(ErrorKind::Peer, "tensor '{}' where '{}' was expected", piece.name(), p.name);
+  if (!std::equal(piece.shape().begin(), piece.shape().end(), p.shape.begin(), p.shape.end()))
+    raise(ErrorKind::Peer, "tensor '{}' has the wrong shape", p.name);
+  if (piece.dtype() != spes::v1::F32) raise(ErrorKind::Peer, "tensor '{}' has an unknown dtype", p.name);
+  // The configured encoding, or fp32 (what a sender without a synced baseline yet sends).
+  WireEncoding enc;
+  if (piece.encoding() == to_wire(encoding_)) enc = encoding_;
+  else if (piece.encoding() == spes::v1::FP32) enc = WireEncoding::Fp32;
+  else
+    raise(ErrorKind::Peer, "tensor '{}' uses encoding {}, expected {} (configs differ?)", p.name,
+          static_cast<int>(piece.encoding()), wire_encoding_name(encoding_));
+  const auto offset = static_cast<std::int64_t>(piece.offset()), count = static_cast<std::int64_t>(piece.count());
+  if (offset != r.offset + range_done_ || count <= 0 || count > r.count - range_done_)
+    raise(ErrorKind::Peer, "tensor '{}' piece [{}, +{}) is not the expected next piece", p.name, piece.offset(), piece.count());
+  const std::int64_t block = enc == WireEncoding::Int8Delta ? static_cast<std::int64_t>(piece.block()) : 1;
+  if (enc == WireEncoding::Int8Delta && block != p.row())
+    raise(ErrorKind::Peer, "tensor '{}' has int8 block {}, expected {}", p.name, block, p.row());
+  if (crc32_of(piece.data().data(), piece.data().size()) != piece.crc32())
+    raise(ErrorKind::Peer, "tensor '{}' fails its checksum", p.name);
+  const float* base = baseline_.empty() ? nullptr : baseline_.data() + flat_done_;
+  if (enc == WireEncoding::Int8Delta && crc32_of(base, static_cast<std::size_t>(count) * 4) != piece.baseline_crc32())
+    raise(ErrorKind::Peer, "tensor '{}' is a delta against other weights than ours (a round was missed)", p.name);
+  float* out = values_.data() + flat_done_;
+  decode_values(enc, piece.data(), base, count, block, out);
+  const float* cur = current_.data() + flat_done_;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(out[i])) raise(ErrorKind::Peer, "tensor '{}' holds a non-finite value", p.name);
+    const double d = static_cast<double>(out[i]) - static_cast<double>(cur[i]);
+    diff2_ += d * d;
+    cur2_ += static_cast<double>(cur[i]) * static_cast<double>(cur[i]);
+  }
+  range_done_ += count;
+  flat_done_ += count;
+  if (range_done_ == r.count) {  // tensor (range) complete: the norm-change bound
+    const double limit = max_rel_change_ * std::max(std::sqrt(cur2_), 1e-6);
+    if (std::sqrt(diff2_) > limit)
+      raise(ErrorKind::Peer, "tensor '{}' changes by {:.3g}, more than sync.max_rel_change × its norm ({:.3g})", p.name,
+            std::sqrt(diff2_), limit);
+    diff2_ = cur2_ = 0;
+    ++range_;
+    range_done_ = 0;
+  }
+}
+
+void StreamReceiver::finish() {
+  if (next_index_ != total_ || total_ == 0)
+    raise(ErrorKind::Peer, "stream ended after {} of {} chunks", next_index_, total_);
+  if (range_ != ranges_.size())
+    raise(ErrorKind::Peer, "stream ended with {} of {} tensors", range_, ranges_.size());
+}
+
+}  // namespace spes::sync_detail

@@ -1,0 +1,66 @@
+// Turning flat ranges of parameters into chunk streams and back, with every check a received
+// tensor must pass before it may touch the model. Internal to the sync module.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "round_store.h"
+#include "spes/config/config.h"
+#include "spes/sync/params.h"
+
+namespace spes::sync_detail {
+
+// Total elements of a list of ranges.
+std::int64_t range_numel(const std::vector<ParamRange>& ranges);
+// Copies the ranges' values, in order, into one flat buffer; `source(p)` gives parameter p's data.
+std::vector<float> gather(const ParamSet& params, const std::vector<ParamRange>& ranges,
+                          const std::function<const float*(std::size_t)>& source);
+// Writes a flat buffer back into the parameters (the model).
+void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, const float* flat);
+
+struct StreamHeader {
+  std::string run_id;
+  std::uint64_t round = 0;
+  std::uint32_t sender = 0;
+  spes::v1::Part part = spes::v1::PART_UNSPECIFIED;
+  std::uint32_t slice = 0;
+  std::vector<std::uint32_t> contributors;
+};
+
+// Encodes `values` (flat over `ranges`) into chunks of at most chunk_bytes of payload.
+// baseline: flat last-synced values (int8_delta only); residual: flat error-feedback state, or
+// null for none; decoded: receives what receivers will reconstruct.
+StreamPtr build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
+                       WireEncoding encoding, const float* values, const float* baseline, float* residual,
+                       std::int64_t chunk_bytes, float* decoded);
+
+// Validates and decodes one stream. add() and finish() throw Error(Peer) with the reason.
+class StreamReceiver {
+ public:
+  StreamReceiver(StreamHeader expected, const ParamSet& params, std::vector<ParamRange> ranges,
+                 WireEncoding encoding, std::vector<float> baseline, std::vector<float> current,
+                 double max_rel_change);
+  void add(const spes::v1::TensorChunk& chunk);
+  void finish();
+  std::vector<float>& values() { return values_; }
+  const std::vector<std::uint32_t>& contributors() const { return contributors_; }
+
+ private:
+  StreamHeader expected_;
+  const ParamSet& params_;
+  std::vector<ParamRange> ranges_;
+  WireEncoding encoding_;
+  std::vector<float> baseline_, current_, values_;
+  double max_rel_change_;
+  std::vector<std::uint32_t> contributors_;
+  std::size_t range_ = 0;         // next expected range
+  std::int64_t range_done_ = 0;   // elements of it received
+  std::int64_t flat_done_ = 0;    // elements received overall
+  std::uint32_t next_index_ = 0, total_ = 0;
+  double diff2_ = 0, cur2_ = 0;   // per tensor, for the norm-change bound
+};
+
+}  // namespace spes::sync_detail

@@ -1,0 +1,58 @@
+// What a node's SyncService serves: the encoded streams of its latest two rounds. Streams are
+// immutable once published and shared by pointer, so a round can be dropped while a slow peer
+// is still reading it. Internal to the sync module.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "spes/v1/sync.pb.h"
+
+namespace spes::sync_detail {
+
+struct Stream {
+  std::vector<spes::v1::TensorChunk> chunks;
+  std::size_t bytes = 0;  // serialized size of all chunks
+};
+using StreamPtr = std::shared_ptr<const Stream>;
+
+class RoundStore {
+ public:
+  enum class Lookup { Ok, Gone, TooFar, NoSuchSlice, Timeout, Closed, Cancelled };
+
+  // Publishes round r's experts and raw shared slices (index = slice). Drops rounds < r - 1.
+  void publish(std::uint64_t round, StreamPtr experts, std::vector<StreamPtr> raw_slices);
+  // Publishes the averaged slice this node aggregates in round r.
+  void publish_average(std::uint64_t round, StreamPtr averaged);
+  // Waits until the part is published (or the deadline passes, or `cancelled` says so).
+  Lookup get(std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
+             std::chrono::steady_clock::time_point deadline, const std::function<bool()>& cancelled,
+             StreamPtr& out);
+  // Wakes every waiter with Closed; later calls return Closed.
+  void close();
+  std::uint64_t latest() const;
+  // Counts a stream of `round` served in full; waits until `count` were (or the deadline).
+  void count_served(std::uint64_t round);
+  bool wait_served(std::uint64_t round, std::size_t count, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  struct Round {
+    StreamPtr experts;
+    std::vector<StreamPtr> raw;
+    StreamPtr averaged;
+  };
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::uint64_t, Round> rounds_;
+  std::uint64_t latest_ = 0;
+  bool closed_ = false;
+  std::map<std::uint64_t, std::size_t> served_;
+};
+
+}  // namespace spes::sync_detail

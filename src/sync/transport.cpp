@@ -1,0 +1,168 @@
+#include "transport.h"
+
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "spes/config/config.h"
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+
+namespace spes::sync_detail {
+namespace {
+
+std::string read_config_file(const Config& c, const std::string& key, const std::string& path) {
+  try {
+    return read_file(path);
+  } catch (const Error& e) {
+    raise(ErrorKind::Config, "{}: cannot read '{}': {}", c.where(key), path, e.what());
+  }
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  std::size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+// Constant-time comparison so the token cannot be guessed byte by byte from timings.
+bool same_token(const std::string& a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+TransportSettings transport_settings(const Config& c) {
+  TransportSettings s;
+  s.insecure = c.sync.insecure;
+  if (!c.sync.insecure) {
+    s.ca_pem = read_config_file(c, "sync.tls.ca", c.sync.tls_ca);
+    s.cert_pem = read_config_file(c, "sync.tls.cert", c.sync.tls_cert);
+    s.key_pem = read_config_file(c, "sync.tls.key", c.sync.tls_key);
+  }
+  s.token = c.sync.token.empty() ? trim(read_config_file(c, "sync.token_file", c.sync.token_file)) : c.sync.token;
+  if (s.token.empty()) raise(ErrorKind::Config, "{}: the run token is empty", c.where("sync.token_file"));
+  s.run_id = c.sync.effective_run_id(c.run);
+  s.node_id = c.run.node_id;
+  s.n_nodes = static_cast<int>(c.sync.peers.size());
+  s.chunk_bytes = c.sync.chunk_bytes;
+  s.max_wait_s = c.sync.round_timeout_s;
+  return s;
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportSettings& s) {
+  if (s.insecure) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = s.ca_pem;
+  options.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportSettings& s) {
+  if (s.insecure) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = s.ca_pem;
+  options.pem_private_key = s.key_pem;
+  options.pem_cert_chain = s.cert_pem;
+  return grpc::SslCredentials(options);
+}
+
+grpc::ChannelArguments channel_arguments(const TransportSettings& s) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(s.chunk_bytes) + (1 << 20));
+  args.SetMaxSendMessageSize(kMaxRequestBytes);
+  // A fresh connection per peer: several nodes on one host must not share one subchannel.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+class SyncServer::Service final : public spes::v1::SyncService::Service {
+ public:
+  explicit Service(SyncServer& owner) : owner_(owner) {}
+
+  grpc::Status Fetch(grpc::ServerContext* context, const spes::v1::FetchRequest* request,
+                     grpc::ServerWriter<spes::v1::TensorChunk>* writer) override {
+    const TransportSettings& s = owner_.settings_;
+    auto refuse = [&](grpc::StatusCode code, const std::string& why) {
+      owner_.refused_++;
+      spdlog::warn("sync: refused a call from {} (node {}): {}", context->peer(), request->requester(), why);
+      return grpc::Status(code, why);
+    };
+    const auto& metadata = context->client_metadata();
+    auto token = metadata.find(kTokenHeader);
+    if (token == metadata.end() || !same_token(s.token, std::string_view(token->second.data(), token->second.size())))
+      return refuse(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token");
+    if (request->run_id() != s.run_id)
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                    "this node serves run '" + s.run_id + "', not '" + request->run_id() + "'");
+    const auto part = request->part();
+    if (part != spes::v1::EXPERTS && part != spes::v1::SHARED_RAW && part != spes::v1::SHARED_AVERAGED)
+      return refuse(grpc::StatusCode::INVALID_ARGUMENT, "unknown part");
+    if (part != spes::v1::EXPERTS && request->slice() >= static_cast<std::uint32_t>(s.n_nodes))
+      return refuse(grpc::StatusCode::INVALID_ARGUMENT, "no such slice");
+    if (part == spes::v1::SHARED_AVERAGED && request->slice() != static_cast<std::uint32_t>(s.node_id))
+      return refuse(grpc::StatusCode::INVALID_ARGUMENT, "this node aggregates slice " + std::to_string(s.node_id));
+
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(static_cast<std::int64_t>(s.max_wait_s * 1000));
+    StreamPtr stream;
+    auto found = owner_.store_.get(request->round(), part, request->slice(), deadline,
+                                   [context] { return context->IsCancelled(); }, stream);
+    switch (found) {
+      case RoundStore::Lookup::Ok: break;
+      case RoundStore::Lookup::Gone:
+        return refuse(grpc::StatusCode::NOT_FOUND, "round " + std::to_string(request->round()) + " is no longer held");
+      case RoundStore::Lookup::TooFar:
+        return refuse(grpc::StatusCode::OUT_OF_RANGE, "unknown round " + std::to_string(request->round()) +
+                                                          " (this node is at round " +
+                                                          std::to_string(owner_.store_.latest()) + ")");
+      case RoundStore::Lookup::NoSuchSlice: return refuse(grpc::StatusCode::INVALID_ARGUMENT, "no such slice");
+      case RoundStore::Lookup::Timeout:
+        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "round not reached in time");
+      case RoundStore::Lookup::Closed: return grpc::Status(grpc::StatusCode::UNAVAILABLE, "node is shutting down");
+      case RoundStore::Lookup::Cancelled: return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
+    for (const auto& chunk : stream->chunks) {
+      if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      owner_.bytes_sent_ += chunk.ByteSizeLong();
+    }
+    owner_.store_.count_served(request->round());
+    return grpc::Status::OK;
+  }
+
+ private:
+  SyncServer& owner_;
+};
+
+SyncServer::SyncServer(TransportSettings settings, RoundStore& store)
+    : settings_(std::move(settings)), store_(store), service_(std::make_unique<Service>(*this)) {}
+
+SyncServer::~SyncServer() { stop(); }
+
+void SyncServer::start(const std::string& listen_address) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen_address, server_credentials(settings_), &port_);
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.SetMaxSendMessageSize(static_cast<int>(settings_.chunk_bytes) + (1 << 20));
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0)
+    raise(ErrorKind::Io, "cannot listen on {} for the sync service (address in use or not local?)", listen_address);
+}
+
+void SyncServer::stop() {
+  if (!server_) return;
+  store_.close();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace spes::sync_detail

@@ -1,0 +1,61 @@
+// The gRPC side of the sync module: credentials, the SyncService server and the client calls.
+// Internal to the sync module (gRPC types stay out of public headers).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "round_store.h"
+#include "spes/config/config.h"
+#include "spes/v1/sync.grpc.pb.h"
+
+namespace spes::sync_detail {
+
+inline constexpr const char* kTokenHeader = "x-spes-token";
+// Requests are tiny; anything bigger is refused by gRPC with RESOURCE_EXHAUSTED.
+inline constexpr int kMaxRequestBytes = 64 << 10;
+
+struct TransportSettings {
+  bool insecure = false;
+  std::string ca_pem, cert_pem, key_pem;  // PEM text, not paths
+  std::string token;
+  std::string run_id;
+  int node_id = 0;
+  int n_nodes = 1;
+  std::int64_t chunk_bytes = 4 << 20;
+  double max_wait_s = 600;  // longest a Fetch waits for a round the server has not reached
+};
+
+// Reads the run token and the TLS files named in the config (Error(Config) naming the file).
+TransportSettings transport_settings(const Config& config);
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportSettings& s);
+std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportSettings& s);
+// Channel arguments: receive limit sized for one chunk.
+grpc::ChannelArguments channel_arguments(const TransportSettings& s);
+
+class SyncServer {
+ public:
+  SyncServer(TransportSettings settings, RoundStore& store);
+  ~SyncServer();
+  // Binds and starts serving; throws Error(Io) naming the address when it cannot bind.
+  void start(const std::string& listen_address);
+  void stop();
+  int port() const { return port_; }
+  std::uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  std::uint64_t calls_refused() const { return refused_.load(); }
+
+ private:
+  class Service;
+  TransportSettings settings_;
+  RoundStore& store_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::atomic<std::uint64_t> bytes_sent_{0}, refused_{0};
+};
+
+}  // namespace spes::sync_detail

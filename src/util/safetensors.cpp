@@ -1,0 +1,78 @@
+#include "spes/util/safetensors.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+
+namespace spes {
+
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::size_t offset = 0;
+  for (const auto& t : tensors) {
+    std::int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    const std::size_t bytes = static_cast<std::size_t>(n) * 4;
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8 != 0) text.push_back(' ');  // data starts 8-byte aligned
+  std::string out(8, '\0');
+  const std::uint64_t len = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  out += text;
+  out.reserve(out.size() + offset);
+  for (const auto& t : tensors) {
+    std::int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    out.append(reinterpret_cast<const char*>(t.data), static_cast<std::size_t>(n) * 4);
+  }
+  write_file_atomic(path, out);
+}
+
+std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
+  std::string file;
+  try {
+    file = read_file(path);
+  } catch (const Error& e) {
+    raise(ErrorKind::Checkpoint, "{}", e.what());
+  }
+  if (file.size() < 8) raise(ErrorKind::Checkpoint, "'{}' is too short to be a safetensors file", path);
+  std::uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= static_cast<std::uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  if (len > file.size() - 8) raise(ErrorKind::Checkpoint, "'{}': header length {} exceeds the file", path, len);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(file.substr(8, len));
+  } catch (const nlohmann::json::exception& e) {
+    raise(ErrorKind::Checkpoint, "'{}': header is not JSON: {}", path, e.what());
+  }
+  const std::size_t data_start = 8 + len;
+  std::map<std::string, LoadedTensor> out;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    try {
+      const auto& h = it.value();
+      if (h.at("dtype") != "F32") raise(ErrorKind::Checkpoint, "'{}': tensor '{}' is {}, only F32 is read", path, it.key(), h.at("dtype").dump());
+      LoadedTensor t;
+      t.shape = h.at("shape").get<std::vector<std::int64_t>>();
+      const auto off = h.at("data_offsets").get<std::vector<std::size_t>>();
+      std::int64_t n = 1;
+      for (auto d : t.shape) n *= d;
+      if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != static_cast<std::size_t>(n) * 4 ||
+          data_start + off[1] > file.size())
+        raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has bad data offsets", path, it.key());
+      t.values.resize(static_cast<std::size_t>(n));
+      std::memcpy(t.values.data(), file.data() + data_start + off[0], off[1] - off[0]);
+      out.emplace(it.key(), std::move(t));
+    } catch (const nlohmann::json::exception& e) {
+      raise(ErrorKind::Checkpoint, "'{}': tensor '{}': {}", path, it.key(), e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace spes

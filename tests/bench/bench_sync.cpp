@@ -1,0 +1,214 @@
+// spes bench sync — bytes per SPES round, on the wire, against the reference star protocol.
+//
+// By count for any config (also the paper shapes): every node of the reference uploads fp32
+// shared + own experts to one server, which sends every node the full fp32 model. Measured for
+// configs that fit in memory: N in-process nodes on loopback run real rounds with model-shaped
+// buffers, and the bytes are the gRPC payload bytes their services sent.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <future>
+#include <random>
+
+#include "../../src/cli/commands.h"
+#include "spes/config/config.h"
+#include "spes/model/size.h"
+#include "spes/sync/codec.h"
+#include "spes/sync/engine.h"
+#include "spes/util/error.h"
+#include "spes/util/log.h"
+#include "spes/util/progress.h"
+
+namespace spes::cli {
+namespace {
+
+// A port on 127.0.0.1 that is free right now (the kernel picks it).
+int free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Traffic {
+  double total = 0;    // bytes moved by all nodes in one round
+  double busiest = 0;  // the most bytes through one link in one direction
+};
+
+// Bytes per value of an encoding, int8 scales included (one per row of d values).
+double value_bytes(WireEncoding e, std::int64_t d) {
+  return static_cast<double>(encoded_size(e, d * 1000, d)) / static_cast<double>(d * 1000);
+}
+
+Traffic reference_star(double S, double X, int N, int E) {
+  const double m = static_cast<double>(E) / N, up = 4 * (S + m * X), down = 4 * (S + E * X);
+  return {N * (up + down), N * down};  // the server's downlink carries every download
+}
+
+// SPES peer-to-peer: per node in = out = 2·S·(N−1)/N (slice reduce + fetch) + (N−1)·m experts.
+Traffic spes_count(double S, double X, int N, int E, double shared_bpv, double expert_bpv) {
+  const double m = static_cast<double>(E) / N;
+  const double per_node = shared_bpv * 2 * S * (N - 1) / N + expert_bpv * (E - m) * X;
+  return {N * per_node, per_node};
+}
+
+// Model-shaped buffers (names are not the model's; only sizes and row lengths matter here).
+struct Buffers {
+  std::vector<std::vector<float>> storage;
+  ParamSet params;
+  Buffers(const ModelConfig& c, unsigned seed) {
+    std::vector<ParamRef> refs;
+    const std::int64_t d = c.d_model, kv = c.kv_heads() * c.head_dim();
+    auto add = [&](std::string name, std::vector<std::int64_t> shape, int layer = -1, int expert = -1) {
+      ParamRef r;
+      r.name = std::move(name);
+      r.shape = std::move(shape);
+      r.numel = 1;
+      for (auto s : r.shape) r.numel *= s;
+      r.layer = layer;
+      r.expert = expert;
+      refs.push_back(std::move(r));
+    };
+    add("embed", {c.vocab_size, d});
+    for (int l = 0; l < c.n_layers; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      add(p + "norms", {2, d});
+      add(p + "q", {d, d});
+      add(p + "k", {kv, d});
+      add(p + "v", {kv, d});
+      add(p + "o", {d, d});
+      if (c.qk_norm == QkNorm::Full) add(p + "qk_norm", {d + kv});
+      if (c.qk_norm == QkNorm::PerHead) add(p + "qk_norm", {2 * c.head_dim()});
+      add(p + "router", {c.n_experts, d});
+      for (int e = 0; e < c.n_experts; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        add(q + "gate", {c.d_ff, d}, l, e);
+        add(q + "up", {c.d_ff, d}, l, e);
+        add(q + "down", {d, c.d_ff}, l, e);
+      }
+    }
+    add("norm", {d});
+    add("lm_head", {c.vocab_size, d});
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    storage.resize(refs.size());
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      storage[i].resize(static_cast<std::size_t>(refs[i].numel));
+      for (auto& v : storage[i]) v = normal(gen);
+      refs[i].data = storage[i].data();
+    }
+    params = ParamSet(std::move(refs));
+  }
+  void train_a_little(float scale, unsigned seed) {  // stands in for H local steps
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, scale);
+    for (auto& t : storage)
+      for (auto& v : t) v += normal(gen);
+  }
+};
+
+// Runs `rounds` rounds between N in-process nodes; returns the traffic of the last round.
+Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncoding experts, int rounds) {
+  std::vector<int> ports;
+  std::string peers;
+  for (int i = 0; i < N; ++i) {
+    ports.push_back(free_loopback_port());
+    peers += fmt::format("    - {{id: {}, address: \"127.0.0.1:{}\"}}\n", i, ports[i]);
+  }
+  std::vector<std::unique_ptr<Buffers>> buffers;
+  std::vector<std::unique_ptr<SyncEngine>> engines;
+  for (int i = 0; i < N; ++i) {
+    buffers.push_back(std::make_unique<Buffers>(model, 1));  // same init on every node, as in training
+    const std::string yaml = fmt::format(
+        "run: {{name: bench, node_id: {}}}\nmodel: {{vocab_size: {}, d_model: {}, n_layers: {}, n_heads: {}, "
+        "n_kv_heads: {}, d_ff: {}, n_experts: {}, top_k: {}}}\nmerge: {{alpha: 0}}\n"
+        "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n  peers:\n{}",
+        i, model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads(), model.d_ff,
+        model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), peers);
+    engines.push_back(std::make_unique<SyncEngine>(parse_config(yaml, "bench"), buffers[i]->params));
+  }
+  Traffic t;
+  for (int r = 1; r <= rounds; ++r) {
+    for (int i = 0; i < N; ++i) buffers[i]->train_a_little(1e-3f, static_cast<unsigned>(100 * r + i));
+    std::vector<std::uint64_t> in0, out0;
+    for (auto& e : engines) in0.push_back(e->bytes_received()), out0.push_back(e->bytes_sent());
+    std::vector<std::future<SyncRoundReport>> calls;
+    for (auto& e : engines) calls.push_back(std::async(std::launch::async, [&e, r] { return e->run_round(r, r); }));
+    for (auto& c : calls) c.get();
+    for (auto& e : engines) e->finish(30);
+    t = {};
+    for (int i = 0; i < N; ++i) {
+      const double in = static_cast<double>(engines[i]->bytes_received() - in0[i]);
+      const double out = static_cast<double>(engines[i]->bytes_sent() - out0[i]);
+      t.total += out;
+      t.busiest = std::max({t.busiest, in, out});
+    }
+  }
+  return t;
+}
+
+struct SyncBenchOptions {
+  ConfigOptions config;
+  int nodes = 4;
+  bool measure = true;
+};
+
+void run_sync_bench(const SyncBenchOptions& o) {
+  init_logging("warn");
+  Config c = load_config(o.config.config, o.config.overrides);
+  const int N = o.nodes, E = static_cast<int>(c.model.n_experts);
+  if (N < 1 || E % N != 0) raise(ErrorKind::Usage, "--nodes {} must divide the {} experts", N, E);
+  const ParamCounts pc = count_params(c.model, E);
+  const double S = static_cast<double>(pc.shared), X = static_cast<double>(pc.one_expert * c.model.n_layers);
+  const Traffic ref = reference_star(S, X, N, E);
+  std::printf("config %s: %s shared + %d experts × %s; N = %d nodes, %d experts each\n", c.source.c_str(),
+              format_count(S).c_str(), E, format_count(X).c_str(), N, E / N);
+  std::printf("reference star (fp32): total %s per round, busiest link (server downlink) %s\n\n",
+              format_bytes(ref.total).c_str(), format_bytes(ref.busiest).c_str());
+  std::printf("%-26s %12s %8s %12s %8s   %s\n", "encoding (shared/experts)", "total", "vs ref", "busiest", "vs ref",
+              "target total / busiest");
+  struct Case {
+    WireEncoding e;
+    double total_target, busiest_target;
+  };
+  const std::int64_t d = c.model.d_model;
+  for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25}, Case{WireEncoding::Bf16, 0.35, 0.0},
+                        Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12}}) {
+    const Traffic counted = spes_count(S, X, N, E, value_bytes(k.e, d), value_bytes(k.e, d));
+    auto row = [&](const char* how, const Traffic& t) {
+      const double rt = t.total / ref.total, rb = t.busiest / ref.busiest;
+      std::printf("%-10s %-15s %12s %7.3f× %12s %7.3f×   ≤ %.2f%s / %s%s\n", wire_encoding_name(k.e), how,
+                  format_bytes(t.total).c_str(), rt, format_bytes(t.busiest).c_str(), rb, k.total_target,
+                  rt <= k.total_target ? " met" : " MISSED",
+                  k.busiest_target > 0 ? fmt::format("≤ {:.3f}", k.busiest_target).c_str() : "-",
+                  k.busiest_target > 0 ? (rb <= k.busiest_target ? " met" : " MISSED") : "");
+    };
+    row("by count", counted);
+    if (o.measure) row("measured", measure(c.model, N, k.e, k.e, 2));
+  }
+  if (o.measure)
+    std::printf("\nmeasured = gRPC payload bytes sent by the nodes' services in round 2 (round 1 of int8_delta is fp32:\n"
+              "it sets the shared baseline), %d in-process nodes on 127.0.0.1\n", N);
+}
+
+}  // namespace
+
+void add_bench_sync(CLI::App& bench) {
+  auto* sync = bench.add_subcommand("sync", "bytes per SPES round vs the reference star protocol");
+  auto o = std::make_shared<SyncBenchOptions>();
+  add_config_options(*sync, o->config);
+  sync->add_option("--nodes", o->nodes, "nodes N (must divide the experts)");
+  sync->add_flag("!--count-only", o->measure, "only count; do not run rounds (for the paper shapes)");
+  sync->callback([o] { run_sync_bench(*o); });
+}
+
+}  // namespace spes::cli

@@ -1,0 +1,72 @@
+// Checks the parameter dumps of a multi-process SPES run (sync.dump_dir), computed
+// independently of the sync module: after each round every node holds bit-identical
+// parameters, equal to shared = fp32 mean of the nodes' pre-round copies (summed in node-id
+// order, then divided), expert e = its owner's pre-round copy (contiguous ownership).
+// usage: sync_check DUMP_DIR N_NODES ROUNDS [--identical-only]
+#include <cstdio>
+#include <cstring>
+#include <regex>
+#include <string>
+
+#include "spes/util/error.h"
+#include "spes/util/safetensors.h"
+
+using spes::LoadedTensor;
+using Dump = std::map<std::string, LoadedTensor>;
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: sync_check DUMP_DIR N_NODES ROUNDS [--identical-only]\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const int n = std::stoi(argv[2]), rounds = std::stoi(argv[3]);
+  const bool identical_only = argc > 4 && std::strcmp(argv[4], "--identical-only") == 0;
+  static const std::regex expert_name(R"(layers\.\d+\.mlp\.experts\.(\d+)\..*)");
+  int failures = 0;
+  try {
+    for (int r = 1; r <= rounds; ++r) {
+      std::vector<Dump> pre, post;
+      for (int i = 0; i < n; ++i) {
+        pre.push_back(spes::read_safetensors(dir + "/node" + std::to_string(i) + "/round" + std::to_string(r) + "_pre.safetensors"));
+        post.push_back(spes::read_safetensors(dir + "/node" + std::to_string(i) + "/round" + std::to_string(r) + "_post.safetensors"));
+      }
+      int n_experts = 0;
+      std::smatch m;
+      for (const auto& [name, t] : pre[0])
+        if (std::regex_match(name, m, expert_name)) n_experts = std::max(n_experts, std::stoi(m[1]) + 1);
+      const int per_node = n_experts / n;
+      std::size_t checked = 0;
+      for (const auto& [name, t0] : post[0]) {
+        for (int i = 1; i < n; ++i)
+          if (post[i].at(name).values != t0.values) {
+            std::printf("round %d: %s differs between node 0 and node %d\n", r, name.c_str(), i);
+            ++failures;
+          }
+        if (identical_only) continue;
+        std::vector<float> want;
+        if (std::regex_match(name, m, expert_name)) {
+          want = pre[static_cast<std::size_t>(std::stoi(m[1]) / per_node)].at(name).values;
+        } else {
+          want = pre[0].at(name).values;
+          for (int i = 1; i < n; ++i) {
+            const auto& v = pre[i].at(name).values;
+            for (std::size_t x = 0; x < want.size(); ++x) want[x] += v[x];
+          }
+          for (auto& v : want) v /= static_cast<float>(n);
+        }
+        if (want != t0.values) {
+          std::printf("round %d: %s is not the SPES result\n", r, name.c_str());
+          ++failures;
+        }
+        ++checked;
+      }
+      std::printf("round %d: %zu tensors on %d nodes %s\n", r, post[0].size(), n,
+                  failures ? "MISMATCH" : (identical_only ? "identical" : "identical and equal to the SPES result"));
+    }
+  } catch (const spes::Error& e) {
+    std::printf("error: %s\n", e.what());
+    return 1;
+  }
+  return failures == 0 ? 0 : 1;
+}

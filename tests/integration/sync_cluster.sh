@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# SPES synchronization between separate `spes node` processes on loopback (tiny config):
+#   A. 4 nodes, fp32: after every round all four hold bit-identical parameters equal to the SPES
+#      result computed independently from their pre-round dumps (sync_check);
+#   B. 4 nodes, int8 deltas + merge warm-up: bit-identical after every round;
+#   C. 1 node with sync equals `spes train` bit for bit (every loss of every step);
+#   D. a node killed mid-run: the other three skip it and finish.
+# usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
+set -uo pipefail
+SPES=$1
+CHECK=$2
+SRC=$3
+DATA=$4
+TMP=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  [[ -n "${KEEP_TMP:-}" ]] && echo "kept $TMP" || rm -rf "$TMP"
+}
+trap cleanup EXIT
+export OPENBLAS_NUM_THREADS=1  # four processes share two cores
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+TINY=$SRC/configs/tiny.yaml
+COMMON=(--set "data.dir=$DATA/tiny" --set train.eval_every=0 --set train.log_every=10
+        --set sync.insecure=true --set sync.token=test-token --set sync.round_timeout_s=60
+        --set sync.retry_backoff_s=0.1)
+
+# start_cluster NAME N STEPS EVERY [extra --set args...]: starts N nodes in the background.
+start_cluster() {
+  local name=$1 n=$2 steps=$3 every=$4
+  shift 4
+  read -r -a ports <<< "$(free_ports "$n")"
+  local peers="[" i
+  for ((i = 0; i < n; i++)); do peers+="{id: $i, address: '127.0.0.1:${ports[$i]}'},"; done
+  peers="${peers%,}]"
+  mkdir -p "$TMP/$name"
+  node_pids=()
+  for ((i = 0; i < n; i++)); do
+    "$SPES" node -c "$TINY" "${COMMON[@]}" --set train.steps="$steps" --set sync.every="$every" \
+      --set "sync.peers=$peers" --set run.node_id=$i --set "run.out_dir=$TMP/$name/node$i" \
+      --set "sync.dump_dir=$TMP/$name/dump" "$@" > "$TMP/$name/node$i.log" 2>&1 &
+    pids+=($!)
+    node_pids+=($!)
+  done
+}
+
+# wait_cluster NAME: waits for the nodes started last; fails on a non-zero exit.
+wait_cluster() {
+  local name=$1 i=0 rc
+  for p in "${node_pids[@]}"; do
+    wait "$p"
+    rc=$?
+    if [[ $rc -ne 0 && " ${expect_dead:-} " != *" $i "* ]]; then
+      fail "$name: node $i exited $rc"
+      tail -5 "$TMP/$name/node$i.log"
+    fi
+    i=$((i + 1))
+  done
+}
+
+final_loss() { grep -o "final validation loss [0-9.]*" "$1" | awk '{print $4}'; }
+
+# ---- A: 4 nodes, fp32, exact SPES result ----
+start_cluster a 4 30 10 --set merge.alpha=0
+wait_cluster a
+if "$CHECK" "$TMP/a/dump" 4 3; then echo "ok   A: 3 rounds, 4 nodes bit-identical and equal to the SPES result"; else fail "A: sync_check"; fi
+losses=$(for i in 0 1 2 3; do final_loss "$TMP/a/node$i.log"; done | sort -u | wc -l)
+[[ $losses -eq 1 ]] && echo "ok   A: same final validation loss on all nodes" || fail "A: final losses differ"
+grep -q "sync  round   3" "$TMP/a/node0.log" || fail "A: no round 3 line in the log"
+grep -q '"type":"sync"' "$TMP/a/node0/metrics.jsonl" || fail "A: no sync records in metrics.jsonl"
+
+# ---- B: int8 deltas for shared and experts, merge warm-up every round ----
+start_cluster b 4 30 10 --set sync.encoding.shared=int8_delta --set sync.encoding.experts=int8_delta \
+  --set merge.alpha=0.05 --set merge.every=10 --set merge.horizon=1000
+wait_cluster b
+if "$CHECK" "$TMP/b/dump" 4 3 --identical-only; then echo "ok   B: int8 deltas + merge: bit-identical after every round"; else fail "B: sync_check"; fi
+grep -q "merged experts" "$TMP/b/node0.log" && echo "ok   B: merge warm-up ran" || fail "B: no merge in the log"
+
+# ---- C: one node with sync == spes train ----
+start_cluster c 1 30 10 --set merge.alpha=0
+wait_cluster c
+"$SPES" train -c "$TINY" --set "data.dir=$DATA/tiny" --set train.eval_every=0 --set train.log_every=10 \
+  --set train.steps=30 --set "run.out_dir=$TMP/c/single" > "$TMP/c/single.log" 2>&1 || fail "C: spes train failed"
+python3 - "$TMP/c/node0/metrics.jsonl" "$TMP/c/single/metrics.jsonl" <<'PY' && echo "ok   C: 1-node SPES run equals single-node training bit for bit" || fail "C: losses differ"
+import json, sys
+def losses(path):
+    return [(r["step"], r["loss"], r["ce"]) for r in map(json.loads, open(path)) if r.get("type") == "train"]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+sys.exit(0 if a == b and len(a) == 30 else 1)
+PY
+
+# ---- D: node 3 killed after its first round; the others skip it and finish ----
+start_cluster d 4 40 10 --set merge.alpha=0 --set sync.dump_dir= --set sync.peer_wait_s=3
+victim=${node_pids[3]}
+for _ in $(seq 1 600); do
+  grep -q "sync  round   1" "$TMP/d/node3.log" 2>/dev/null && break
+  sleep 0.1
+done
+kill -9 "$victim" 2>/dev/null
+expect_dead=3 wait_cluster d
+for i in 0 1 2; do
+  grep -q "skipped node 3" "$TMP/d/node$i.log" || fail "D: node $i did not report skipping node 3"
+  grep -q "node $i done: 4 rounds" "$TMP/d/node$i.log" || fail "D: node $i did not finish its 4 rounds"
+done
+[[ $failures -eq 0 ]] && echo "ok   D: killed node skipped, the other three finished"
+
+if [[ $failures -ne 0 ]]; then
+  for f in "$TMP"/*/node*.log; do echo "== $f"; tail -3 "$f"; done
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "all sync cluster checks passed"

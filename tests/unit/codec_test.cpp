@@ -1,0 +1,279 @@
+// Wire codec, stream validation and the merge warm-up (torch-free).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "../../src/sync/payload.h"
+#include "spes/sync/codec.h"
+#include "spes/sync/merge.h"
+#include "spes/util/error.h"
+#include "sync_fixture.h"
+
+namespace spes {
+namespace {
+
+std::vector<float> randn(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+TEST(Codec, Fp32IsExact) {
+  auto v = randn(1000, 1);
+  std::string bytes;
+  std::vector<float> decoded(v.size()), back(v.size());
+  encode_values(WireEncoding::Fp32, v.data(), nullptr, nullptr, 1000, 1, bytes, decoded.data());
+  EXPECT_EQ(bytes.size(), 4000u);
+  decode_values(WireEncoding::Fp32, bytes, nullptr, 1000, 1, back.data());
+  EXPECT_EQ(back, v);
+  EXPECT_EQ(decoded, v);
+}
+
+TEST(Codec, Bf16WithinHalfUlpAndMatchesSenderView) {
+  auto v = randn(4096, 2, 3.0f);
+  v[0] = 1.0f;
+  v[1] = -0.0f;
+  std::string bytes;
+  std::vector<float> decoded(v.size()), back(v.size());
+  encode_values(WireEncoding::Bf16, v.data(), nullptr, nullptr, 4096, 1, bytes, decoded.data());
+  EXPECT_EQ(bytes.size(), 8192u);
+  decode_values(WireEncoding::Bf16, bytes, nullptr, 4096, 1, back.data());
+  EXPECT_EQ(back, decoded);
+  EXPECT_EQ(back[0], 1.0f);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    EXPECT_LE(std::fabs(back[i] - v[i]), std::fabs(v[i]) * (1.0f / 256.0f)) << i;  // 8 mantissa bits
+  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 512.0f), 1.0f);  // tie rounds to even
+  EXPECT_TRUE(std::isnan(round_to_bf16(NAN)));
+}
+
+TEST(Codec, Int8DeltaWithinHalfStepPerBlock) {
+  const std::int64_t n = 1000, block = 64;
+  auto base = randn(n, 3);
+  auto delta = randn(n, 4, 0.01f);
+  std::vector<float> v(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = base[i] + delta[i];
+  std::string bytes;
+  std::vector<float> decoded(n), back(n);
+  encode_values(WireEncoding::Int8Delta, v.data(), base.data(), nullptr, n, block, bytes, decoded.data());
+  EXPECT_EQ(bytes.size(), static_cast<std::size_t>(n + 4 * 16));  // 16 blocks of 64 (last partial)
+  decode_values(WireEncoding::Int8Delta, bytes, base.data(), n, block, back.data());
+  EXPECT_EQ(back, decoded);
+  for (std::int64_t b = 0; b * block < n; ++b) {
+    float amax = 0;
+    for (std::int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) amax = std::max(amax, std::fabs(delta[i]));
+    const float half_step = amax / 127.0f / 2.0f * 1.001f + 1e-6f;
+    for (std::int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
+      EXPECT_LE(std::fabs(back[i] - v[i]), half_step) << i;
+  }
+  EXPECT_THROW(decode_values(WireEncoding::Int8Delta, bytes.substr(1), base.data(), n, block, back.data()), Error);
+}
+
+// 100 rounds of a node that trains (biased random updates), encodes, and loads what everybody
+// decoded. With error feedback the loaded weights stay within one quantization step of the exact
+// trajectory (the error telescopes into the residual); without it the error keeps growing.
+double accumulated_error(WireEncoding enc, bool feedback) {
+  const std::int64_t n = 512, block = 128;
+  auto w = randn(n, 5);
+  std::vector<double> exact(w.begin(), w.end());
+  std::vector<float> synced = w, residual(n, 0.0f), decoded(n);
+  std::mt19937 gen(6);
+  std::normal_distribution<float> noise(0.0f, 1e-3f);
+  for (int round = 0; round < 100; ++round) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float u = noise(gen) + 1e-3f;
+      w[i] += u;
+      exact[i] += u;
+    }
+    std::string bytes;
+    encode_values(enc, w.data(), synced.data(), feedback ? residual.data() : nullptr, n, block, bytes, decoded.data());
+    synced = w = decoded;
+  }
+  double worst = 0;
+  for (std::int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(exact[i] - w[i]));
+  return worst;
+}
+
+TEST(Codec, ErrorFeedbackKeepsAccumulatedErrorBounded) {
+  // int8: one step is max|delta|/127 per block, deltas ~4e-3 here.
+  const double int8_fb = accumulated_error(WireEncoding::Int8Delta, true);
+  const double int8_nofb = accumulated_error(WireEncoding::Int8Delta, false);
+  EXPECT_LT(int8_fb, 1e-4);
+  // bf16: half an ulp of values below 4 is at most 2^-7; updates are below half an ulp of 1.
+  const double bf16_fb = accumulated_error(WireEncoding::Bf16, true);
+  const double bf16_nofb = accumulated_error(WireEncoding::Bf16, false);
+  EXPECT_LT(bf16_fb, 0.02);
+  EXPECT_GT(bf16_nofb, 0.05);  // without feedback most of the 100 * 1e-3 drift is lost
+  EXPECT_GT(bf16_nofb, 2 * bf16_fb);
+  EXPECT_GT(int8_nofb, int8_fb);
+}
+
+// ---- stream validation: every check a received tensor must pass ----
+using sync_detail::build_stream;
+using sync_detail::StreamHeader;
+using sync_detail::StreamReceiver;
+
+struct StreamCase {
+  test::FakeModel model{1, 2, 8, 16, 10, 7};
+  std::vector<ParamRange> ranges = model.params.expert_ranges(1);
+  StreamHeader header;
+  std::vector<float> values, decoded;
+  StreamCase() {
+    header.run_id = "r";
+    header.round = 3;
+    header.sender = 1;
+    header.part = spes::v1::EXPERTS;
+    values = sync_detail::gather(model.params, ranges, [&](std::size_t i) -> const float* { return model.params[i].data; });
+    for (auto& v : values) v *= 1.01f;
+    decoded.resize(values.size());
+  }
+  sync_detail::StreamPtr stream(std::int64_t chunk_bytes = 4096) {
+    return build_stream(header, model.params, ranges, WireEncoding::Fp32, values.data(), nullptr, nullptr, chunk_bytes,
+                        decoded.data());
+  }
+  StreamReceiver receiver(double max_rel = 1.0) {
+    auto current = sync_detail::gather(model.params, ranges, [&](std::size_t i) -> const float* { return model.params[i].data; });
+    return StreamReceiver(header, model.params, ranges, WireEncoding::Fp32, {}, current, max_rel);
+  }
+  // Feeds the chunks (after `mutate`) and returns the error message, or "" when accepted.
+  std::string feed(std::vector<spes::v1::TensorChunk> chunks, double max_rel = 1.0) {
+    auto rx = receiver(max_rel);
+    try {
+      for (const auto& c : chunks) rx.add(c);
+      rx.finish();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    EXPECT_EQ(rx.values(), values);
+    return "";
+  }
+};
+
+TEST(StreamValidation, AcceptsAWellFormedChunkedStream) {
+  StreamCase c;
+  auto s = c.stream(256);  // 64 floats per chunk: every 128-value tensor in two pieces
+  EXPECT_GT(s->chunks.size(), 3u);
+  EXPECT_EQ(c.feed(s->chunks), "");
+}
+
+TEST(StreamValidation, RejectsEveryKindOfBadPayload) {
+  StreamCase c;
+  const auto good = c.stream(256)->chunks;
+  auto expect_reject = [&](const std::string& what, auto mutate, const std::string& needle, double max_rel = 1.0) {
+    auto chunks = good;
+    mutate(chunks);
+    const std::string err = c.feed(chunks, max_rel);
+    EXPECT_NE(err.find(needle), std::string::npos) << what << ": got '" << err << "'";
+  };
+  expect_reject("flipped byte", [](auto& ch) { (*ch[1].mutable_piece()->mutable_data())[5] ^= 1; }, "checksum");
+  expect_reject("unknown name", [](auto& ch) { ch[0].mutable_piece()->set_name("layers.0.evil"); }, "expected");
+  expect_reject("wrong shape", [](auto& ch) { ch[0].mutable_piece()->set_shape(0, 99); }, "shape");
+  expect_reject("wrong dtype", [](auto& ch) { ch[0].mutable_piece()->set_dtype(spes::v1::DTYPE_UNSPECIFIED); }, "dtype");
+  expect_reject("unknown encoding", [](auto& ch) { ch[0].mutable_piece()->set_encoding(spes::v1::Encoding(42)); }, "encoding");
+  expect_reject("truncated", [](auto& ch) { ch.pop_back(); }, "stream ended");
+  expect_reject("wrong round", [](auto& ch) { ch[0].set_round(4); }, "round");
+  expect_reject("wrong run", [](auto& ch) { ch[0].set_run_id("other"); }, "run");
+  expect_reject("reordered", [](auto& ch) { std::swap(ch[0], ch[1]); }, "expected");
+  expect_reject("NaN", [](auto& ch) {
+    auto* p = ch[0].mutable_piece();
+    float nan = NAN;
+    std::memcpy(p->mutable_data()->data(), &nan, 4);
+    p->set_crc32(crc32_of(p->data().data(), p->data().size()));
+  }, "non-finite");
+  expect_reject("huge values", [](auto& ch) {
+    auto* p = ch[0].mutable_piece();
+    float big = 1e6f;
+    std::memcpy(p->mutable_data()->data(), &big, 4);
+    p->set_crc32(crc32_of(p->data().data(), p->data().size()));
+  }, "max_rel_change");
+  // The 1% change of every value passes the default bound but not a 0.1% bound.
+  expect_reject("norm bound", [](auto&) {}, "max_rel_change", 0.001);
+}
+
+TEST(StreamValidation, Int8DeltaAgainstAnotherBaselineIsRejected) {
+  StreamCase c;
+  auto baseline = sync_detail::gather(c.model.params, c.ranges, [&](std::size_t i) -> const float* { return c.model.params[i].data; });
+  auto s = build_stream(c.header, c.model.params, c.ranges, WireEncoding::Int8Delta, c.values.data(), baseline.data(),
+                        nullptr, 4096, c.decoded.data());
+  auto current = baseline;
+  auto other = baseline;
+  other[3] += 0.5f;  // the receiver missed a round: its synced copy differs
+  StreamReceiver ok(c.header, c.model.params, c.ranges, WireEncoding::Int8Delta, baseline, current, 1.0);
+  for (const auto& ch : s->chunks) ok.add(ch);
+  ok.finish();
+  EXPECT_EQ(ok.values(), c.decoded);
+  StreamReceiver bad(c.header, c.model.params, c.ranges, WireEncoding::Int8Delta, other, current, 1.0);
+  EXPECT_THROW(bad.add(s->chunks[0]), Error);
+}
+
+// ---- merge warm-up ----
+TEST(Merge, AlphaScheduleAndDueSteps) {
+  MergeConfig m;
+  m.alpha = 0.05;
+  m.horizon = 20000;
+  m.every = 500;
+  EXPECT_DOUBLE_EQ(merge_alpha(m, 0), 0.05);
+  EXPECT_DOUBLE_EQ(merge_alpha(m, 10000), 0.025);
+  EXPECT_DOUBLE_EQ(merge_alpha(m, 30000), 0.0);
+  EXPECT_TRUE(merge_due(m, 500));
+  EXPECT_FALSE(merge_due(m, 600));
+  EXPECT_FALSE(merge_due(m, 20000));  // alpha reached 0
+}
+
+// Direct computation of SPES.md's formula on the fake model, in long double, from a copy.
+TEST(Merge, MatchesDirectComputationAndAlphaZeroIsIdentity) {
+  test::FakeModel model(2, 6, 8, 12, 10, 11, 0.5f);
+  const auto before = model.values();
+  const int K = 4;
+  const double alpha = 0.3;
+  merge_experts(model.params, alpha, K);
+  const auto& P = model.params;
+  for (int l = 0; l < 2; ++l) {
+    std::vector<std::vector<std::size_t>> t(6);
+    for (int e = 0; e < 6; ++e) t[e] = P.expert_tensors(l, e);
+    auto cosine = [&](int i, int j) {
+      long double d = 0, a = 0, b = 0;
+      const auto &u = before[t[i][0]], &v = before[t[j][0]];
+      for (std::size_t x = 0; x < u.size(); ++x) d += (long double)u[x] * v[x], a += (long double)u[x] * u[x], b += (long double)v[x] * v[x];
+      return d / std::sqrt(a * b);
+    };
+    for (int i = 0; i < 6; ++i) {
+      std::vector<std::pair<long double, int>> sims;
+      for (int j = 0; j < 6; ++j)
+        if (j != i) sims.push_back({-cosine(i, j), j});
+      std::sort(sims.begin(), sims.end());
+      for (std::size_t k = 0; k < t[i].size(); ++k) {
+        const auto& mine = before[t[i][k]];
+        for (std::size_t x = 0; x < mine.size(); ++x) {
+          long double mean = 0;
+          for (int n = 0; n < K; ++n) mean += before[t[sims[n].second][k]][x];
+          mean /= K;
+          const long double want = (1 - alpha) * mine[x] + alpha * mean;
+          ASSERT_NEAR(P[t[i][k]].data[x], (double)want, 1e-6) << l << " " << i << " " << k << " " << x;
+        }
+      }
+    }
+  }
+  // Shared tensors are untouched.
+  EXPECT_EQ(model.storage[0], before[0]);
+
+  test::FakeModel again(2, 6, 8, 12, 10, 11, 0.5f);
+  merge_experts(again.params, 0.0, K);
+  EXPECT_EQ(again.values(), before);
+}
+
+TEST(Merge, NeighboursAreTheMostSimilarWithIndexTieBreak) {
+  // Expert 0 and 2 point the same way, 1 is orthogonal, 3 is a copy of 1.
+  std::vector<float> e0{1, 0}, e1{0, 1}, e2{2, 0}, e3{0, 1};
+  auto nb = most_similar_experts({e0.data(), e1.data(), e2.data(), e3.data()}, 2, 2);
+  EXPECT_EQ(nb[0], (std::vector<int>{2, 1}));  // 2 (cos 1), then 1 and 3 tie at 0: lower index
+  EXPECT_EQ(nb[1], (std::vector<int>{3, 0}));
+  EXPECT_EQ(most_similar_experts({e0.data(), e1.data()}, 2, 4)[0], (std::vector<int>{1}));  // K capped at E-1
+}
+
+}  // namespace
+}  // namespace spes

@@ -1,0 +1,257 @@
+// SPES rounds between in-process nodes on loopback: the result equals the method's (shared =
+// fp32 mean in node-id order, expert = owner's), bit-identical everywhere; dead and hostile
+// peers are skipped; hostile clients are refused.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "../../src/sync/transport.h"
+#include "spes/sync/engine.h"
+#include "spes/util/error.h"
+#include "spes/v1/sync.grpc.pb.h"
+#include "sync_fixture.h"
+#include "test_paths.h"
+
+namespace spes {
+namespace {
+using test::FakeModel;
+
+constexpr const char* kInsecure = "  insecure: true\n";
+
+struct Cluster {
+  std::vector<int> ports;
+  std::vector<std::unique_ptr<FakeModel>> models;
+  std::vector<std::unique_ptr<SyncEngine>> engines;  // null for nodes not started
+  std::vector<std::vector<std::vector<float>>> before;
+
+  Cluster(int n, const std::string& extra = kInsecure, std::vector<bool> started = {}) {
+    for (int i = 0; i < n; ++i) ports.push_back(test::free_port());
+    for (int i = 0; i < n; ++i) {
+      models.push_back(std::make_unique<FakeModel>(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab,
+                                                   100 + i));
+      const bool start = started.empty() || started[i];
+      engines.push_back(start ? std::make_unique<SyncEngine>(config(i, extra), models[i]->params) : nullptr);
+    }
+  }
+  Config config(int i, const std::string& extra) const {
+    return parse_config(test::node_yaml(i, ports, extra), fmt::format("node{}.yaml", i));
+  }
+  std::vector<SyncRoundReport> round(std::uint64_t r, std::int64_t step = 1) {
+    before.clear();
+    for (auto& m : models) before.push_back(m->values());
+    std::vector<std::future<SyncRoundReport>> calls;
+    for (auto& e : engines)
+      if (e) calls.push_back(std::async(std::launch::async, [&e, r, step] { return e->run_round(r, step); }));
+    std::vector<SyncRoundReport> out;
+    for (auto& c : calls) out.push_back(c.get());
+    return out;
+  }
+  // Expected SPES result from the pre-round copies of `nodes` (ascending ids).
+  std::vector<std::vector<float>> expected(const std::vector<int>& nodes, int n_total) const {
+    const ParamSet& P = models[0]->params;
+    std::vector<std::vector<float>> want(P.size());
+    const int m = test::kExperts / n_total;
+    for (std::size_t t = 0; t < P.size(); ++t) {
+      if (P[t].is_expert()) {
+        want[t] = before[static_cast<std::size_t>(P[t].expert / m)][t];
+        continue;
+      }
+      want[t] = before[nodes[0]][t];
+      for (std::size_t k = 1; k < nodes.size(); ++k)
+        for (std::size_t x = 0; x < want[t].size(); ++x) want[t][x] += before[nodes[k]][t][x];
+      for (auto& v : want[t]) v /= static_cast<float>(nodes.size());
+    }
+    return want;
+  }
+  void perturb(float amount) {  // stands in for H steps of local training
+    for (std::size_t i = 0; i < models.size(); ++i)
+      for (auto& t : models[i]->storage)
+        for (std::size_t x = 0; x < t.size(); ++x) t[x] += amount * static_cast<float>((x * 7 + i * 13) % 11) / 11.0f;
+  }
+};
+
+TEST(SyncEngine, FourNodesHoldTheSpesResultBitForBit) {
+  Cluster c(4);
+  for (std::uint64_t r = 1; r <= 2; ++r) {
+    auto reports = c.round(r);
+    const auto want = c.expected({0, 1, 2, 3}, 4);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(reports[i].skipped.empty());
+      EXPECT_EQ(c.models[i]->values(), want) << "node " << i << " round " << r;
+    }
+    c.perturb(0.01f);
+  }
+  // Bytes: what the nodes received is what their services sent, and about 2·S·(N−1)/N + 3 experts.
+  std::uint64_t in = 0, out = 0;
+  for (auto& e : c.engines) in += e->bytes_received(), out += e->bytes_sent();
+  EXPECT_EQ(in, out);
+  const ParamSet& P = c.models[0]->params;
+  const double per_node_per_round = (2.0 * P.shared_numel() * 3 / 4 + 3.0 * P.expert_numel(0)) * 4;
+  // Chunk headers are a few % on this toy model with many small tensors.
+  EXPECT_NEAR(static_cast<double>(in) / (4 * 2), per_node_per_round, 0.1 * per_node_per_round);
+}
+
+TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
+  for (const char* enc : {"bf16", "int8_delta"}) {
+    Cluster c(4, fmt::format("{}  encoding: {{shared: {}, experts: {}}}\n", kInsecure, enc, enc));
+    for (std::uint64_t r = 1; r <= 3; ++r) {
+      c.perturb(0.01f);
+      c.round(r);
+      const auto want = c.expected({0, 1, 2, 3}, 4);
+      for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << enc << " node " << i;
+      double worst = 0;
+      for (std::size_t t = 0; t < want.size(); ++t)
+        for (std::size_t x = 0; x < want[t].size(); ++x)
+          worst = std::max(worst, std::fabs(double(want[t][x]) - c.models[0]->storage[t][x]));
+      EXPECT_LT(worst, 0.02) << enc << " round " << r;  // values ~1: a bf16 ulp is 2^-7
+    }
+  }
+}
+
+TEST(SyncEngine, OneNodeChangesNothing) {
+  Cluster c(1);
+  const auto before = c.models[0]->values();
+  auto reports = c.round(1);
+  EXPECT_EQ(c.models[0]->values(), before);
+  EXPECT_EQ(reports[0].bytes_in, 0u);
+}
+
+TEST(SyncEngine, DeadPeerIsSkippedAndTheOthersFinish) {
+  Cluster c(4, kInsecure, {true, true, false, true});  // node 2 never comes up
+  auto reports = c.round(1);
+  const auto want = c.expected({0, 1, 3}, 4);
+  const ParamSet& P = c.models[0]->params;
+  for (int i : {0, 1, 3}) {
+    const auto& rep = reports[i == 3 ? 2 : i];
+    ASSERT_EQ(rep.skipped.size(), 1u);
+    EXPECT_EQ(rep.skipped[0].peer, 2);
+    for (std::size_t t = 0; t < P.size(); ++t) {
+      if (P[t].expert == 2) EXPECT_EQ(c.models[i]->storage[t], c.before[i][t]) << "dead owner's expert kept";
+      else EXPECT_EQ(c.models[i]->storage[t], want[t]) << P[t].name << " on node " << i;
+    }
+  }
+  // Next round: the suspect is tried once without retries, and skipped again.
+  auto again = c.round(2);
+  for (const auto& rep : again) ASSERT_EQ(rep.skipped.size(), 1u);
+  EXPECT_EQ(c.engines[0]->skip_counts()[2], 2u);
+}
+
+TEST(SyncEngine, PoisonedPayloadIsRejectedAndLeavesWeights) {
+  Cluster c(4);
+  // Node 3 turns hostile: NaN experts and absurd shared weights.
+  FakeModel& evil = *c.models[3];
+  for (std::size_t t = 0; t < evil.params.size(); ++t)
+    for (auto& v : evil.storage[t]) v = evil.params[t].is_expert() ? NAN : 1e9f;
+  auto reports = c.round(1);
+  const auto want = c.expected({0, 1, 2}, 4);
+  const ParamSet& P = c.models[0]->params;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(reports[i].skipped.size(), 1u) << i;
+    EXPECT_EQ(reports[i].skipped[0].peer, 3);
+    EXPECT_NE(reports[i].skipped[0].reason.find("rejected payload"), std::string::npos) << reports[i].skipped[0].reason;
+    for (std::size_t t = 0; t < P.size(); ++t) {
+      if (P[t].expert == 3) EXPECT_EQ(c.models[i]->storage[t], c.before[i][t]);
+      else EXPECT_EQ(c.models[i]->storage[t], want[t]) << P[t].name << " on node " << i;
+    }
+  }
+}
+
+// A client that is not a node of the run gets refused with the proper status, and nothing changes.
+TEST(SyncEngine, HostileClientsAreRefused) {
+  Cluster c(1);
+  const auto before = c.models[0]->values();
+  c.round(1);
+  auto channel = grpc::CreateChannel(fmt::format("127.0.0.1:{}", c.ports[0]), grpc::InsecureChannelCredentials());
+  auto stub = spes::v1::SyncService::NewStub(channel);
+  auto call = [&](const std::string& token, std::function<void(spes::v1::FetchRequest&)> edit) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (!token.empty()) ctx.AddMetadata(sync_detail::kTokenHeader, token);
+    spes::v1::FetchRequest req;
+    req.set_run_id("synctest");
+    req.set_round(1);
+    req.set_part(spes::v1::EXPERTS);
+    edit(req);
+    auto reader = stub->Fetch(&ctx, req);
+    spes::v1::TensorChunk chunk;
+    int n = 0;
+    while (reader->Read(&chunk)) ++n;
+    auto st = reader->Finish();
+    return std::pair{st.error_code(), n};
+  };
+  auto nothing = [](spes::v1::FetchRequest&) {};
+  EXPECT_EQ(call("sesame", nothing).first, grpc::StatusCode::OK);
+  EXPECT_GT(call("sesame", nothing).second, 0);
+  EXPECT_EQ(call("", nothing).first, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("sesamf", nothing), std::pair(grpc::StatusCode::UNAUTHENTICATED, 0));
+  EXPECT_EQ(call("sesame", [](auto& r) { r.set_run_id("another-run"); }).first, grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(call("sesame", [](auto& r) { r.set_round(99); }).first, grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(call("sesame", [](auto& r) { r.set_part(spes::v1::SHARED_RAW); r.set_slice(7); }).first,
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(call("sesame", [](auto& r) { r.set_run_id(std::string(1 << 20, 'x')); }).first,
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_GE(c.engines[0]->calls_refused(), 5u);
+  EXPECT_EQ(c.models[0]->values(), before);
+}
+
+class SyncTls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::string(SPES_TEST_DATA_DIR) + "/tls";
+    const std::string cmd = fmt::format("bash {}/scripts/make_test_ca.sh {} >/dev/null", SPES_SOURCE_DIR, dir_);
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  static std::string tls_yaml() {
+    return fmt::format("  tls: {{ca: {0}/ca.pem, cert: {0}/node.pem, key: {0}/node.key}}\n", dir_);
+  }
+  static inline std::string dir_;
+};
+
+TEST_F(SyncTls, NodesSyncOverTlsAndPlaintextClientsCannotConnect) {
+  Cluster c(2, tls_yaml());
+  auto reports = c.round(1);
+  const auto want = c.expected({0, 1}, 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(reports[i].skipped.empty());
+    EXPECT_EQ(c.models[i]->values(), want);
+  }
+  auto channel = grpc::CreateChannel(fmt::format("127.0.0.1:{}", c.ports[0]), grpc::InsecureChannelCredentials());
+  auto stub = spes::v1::SyncService::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  ctx.AddMetadata(sync_detail::kTokenHeader, "sesame");
+  spes::v1::FetchRequest req;
+  req.set_run_id("synctest");
+  req.set_round(1);
+  req.set_part(spes::v1::EXPERTS);
+  auto reader = stub->Fetch(&ctx, req);
+  spes::v1::TensorChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  EXPECT_NE(reader->Finish().error_code(), grpc::StatusCode::OK);
+}
+
+TEST(SyncConfig, RefusesMissingSecurityAndBadPeers) {
+  const std::vector<int> ports{5001, 5002};
+  auto err = [&](const std::string& yaml) {
+    try {
+      parse_config(yaml, "n.yaml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(err(test::node_yaml(0, ports)).find("sync.insecure: true"), std::string::npos);
+  EXPECT_NE(err(test::node_yaml(0, ports, "  insecure: true\n  encoding: {shared: fp16}\n")).find("sync.encoding.shared"),
+            std::string::npos);
+  EXPECT_NE(err(test::node_yaml(5, ports, kInsecure)).find("run.node_id 5 is not among sync.peers"), std::string::npos);
+  EXPECT_NE(err(test::node_yaml(0, {5001, 5002, 5003}, kInsecure)).find("cannot be split evenly"), std::string::npos);
+  EXPECT_NE(err(test::node_yaml(0, {5001, 5001}, kInsecure)).find("used by two peers"), std::string::npos);
+  auto ok = parse_config(test::node_yaml(1, ports, kInsecure), "n.yaml");
+  EXPECT_EQ(ok.train.owned_experts, (std::vector<int>{2, 3}));
+}
+
+}  // namespace
+}  // namespace spes

@@ -37,6 +37,12 @@ sed 's/^  steps: 200$/  steps: lots/' "$TINY" > "$TMP/type.yaml"
 expect wrong-type 3 "(train.steps): expected an integer, got 'lots'" -- "$SPES" train -c "$TMP/type.yaml"
 expect top-k 3 "top_k (9) must be between 1 and n_experts (8)" -- "$SPES" model info -c "$TINY" --set model.top_k=9
 expect owned-range 3 "expert 8 is out of range" -- "$SPES" train -c "$TINY" --set "train.owned_experts=[0, 8]"
+expect node-no-sync 3 "needs sync.every > 0" -- "$SPES" node -c "$TINY" "${COMMON[@]}"
+expect sync-no-tls 3 "(sync.tls): TLS files are required" -- "$SPES" node -c "$TINY" "${COMMON[@]}" \
+  --set sync.every=10 --set sync.token=t --set "sync.peers=[{id: 0, address: '127.0.0.1:1'}]"
+expect sync-owner-twice 3 "expert 1 is owned by peers 0 and 1" -- "$SPES" node -c "$TINY" "${COMMON[@]}" \
+  --set sync.every=10 --set sync.token=t --set sync.insecure=true \
+  --set "sync.peers=[{id: 0, address: 'a:1', experts: [0-3]}, {id: 1, address: 'b:1', experts: [1, 4-7]}]"
 expect missing-config 3 "config file '$TMP/none.yaml' does not exist" -- "$SPES" train -c "$TMP/none.yaml"
 expect bad-flag 109 "unknown-flag" -- "$SPES" train -c "$TINY" --unknown-flag
 

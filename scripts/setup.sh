@@ -10,7 +10,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece
-  nlohmann-json3-dev
+  nlohmann-json3-dev zlib1g-dev
   gnuplot-nox openssl iproute2 python3
 )
 

@@ -31,6 +31,18 @@ std::int64_t piece_capacity(WireEncoding e, std::int64_t chunk_bytes, std::int64
   return chunk_bytes;
 }
 
+// A chunk carrying the stream's header fields, without a piece yet.
+spes::v1::TensorChunk new_chunk(const StreamHeader& header) {
+  spes::v1::TensorChunk chunk;
+  chunk.set_run_id(header.run_id);
+  chunk.set_round(header.round);
+  chunk.set_sender(header.sender);
+  chunk.set_part(header.part);
+  chunk.set_slice(header.slice);
+  for (auto c : header.contributors) chunk.add_contributors(c);
+  return chunk;
+}
+
 }  // namespace
 
 std::int64_t range_numel(const std::vector<ParamRange>& ranges) {
@@ -69,13 +81,7 @@ StreamPtr build_stream(const StreamHeader& header, const ParamSet& params, const
     const std::int64_t cap = piece_capacity(encoding, chunk_bytes, block);
     for (std::int64_t done = 0; done < r.count;) {
       const std::int64_t n = std::min(cap, r.count - done);
-      spes::v1::TensorChunk chunk;
-      chunk.set_run_id(header.run_id);
-      chunk.set_round(header.round);
-      chunk.set_sender(header.sender);
-      chunk.set_part(header.part);
-      chunk.set_slice(header.slice);
-      for (auto c : header.contributors) chunk.add_contributors(c);
+      spes::v1::TensorChunk chunk = new_chunk(header);
       chunk.set_index(static_cast<std::uint32_t>(stream->chunks.size()));
       auto* piece = chunk.mutable_piece();
       piece->set_name(p.name);
@@ -98,16 +104,7 @@ StreamPtr build_stream(const StreamHeader& header, const ParamSet& params, const
       pos += n;
     }
   }
-  if (stream->chunks.empty()) {  // an empty part still says so (a node with no experts)
-    spes::v1::TensorChunk chunk;
-    chunk.set_run_id(header.run_id);
-    chunk.set_round(header.round);
-    chunk.set_sender(header.sender);
-    chunk.set_part(header.part);
-    chunk.set_slice(header.slice);
-    for (auto c : header.contributors) chunk.add_contributors(c);
-    stream->chunks.push_back(std::move(chunk));
-  }
+  if (stream->chunks.empty()) stream->chunks.push_back(new_chunk(header));  // an empty part still says so
   for (auto& c : stream->chunks) c.set_total(static_cast<std::uint32_t>(stream->chunks.size()));
   for (const auto& c : stream->chunks) stream->bytes += c.ByteSizeLong();
   return stream;

@@ -1,12 +1,21 @@
-// spes node: one node of a SPES cluster — the trainer and the sync service in one process,
-// with the peers listed in the config (sync.peers).
+// spes node: one node of a SPES cluster — the trainer, the sync service and (when
+// coordinator.address is set) the coordinator client in one process. Without a coordinator the
+// peers come from sync.peers.
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "commands.h"
 #include "spes/config/config.h"
+#include "spes/coord/coordinator.h"
 #include "spes/data/prepare.h"
 #include "spes/sync/engine.h"
 #include "spes/sync/model_params.h"
@@ -14,8 +23,10 @@
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
 #include "spes/util/log.h"
+#include "spes/util/process.h"
 #include "spes/util/progress.h"
 #include "spes/util/safetensors.h"
+#include "spes/util/signals.h"
 
 namespace spes::cli {
 namespace {
@@ -33,56 +44,259 @@ std::string skipped_text(const SyncRoundReport& r) {
   return out;
 }
 
+std::string ints_text(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out.empty() ? "none" : out;
+}
+
+// The plan that static sync.peers describe (no coordinator).
+MembershipPlan static_plan(const Config& c) {
+  MembershipPlan plan;
+  for (const auto& p : c.sync.peers) plan.members.push_back({p.id, p.address, p.experts});
+  return plan;
+}
+
+// The node config with a plan's members as sync peers: what one SyncEngine runs with.
+Config engine_config(const Config& base, const MembershipPlan& plan) {
+  Config c = base;
+  c.sync.peers.clear();
+  for (const auto& m : plan.members) c.sync.peers.push_back({m.id, m.address, m.experts});
+  return c;
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Reports progress to the coordinator every coordinator.heartbeat_s from its own thread.
+class Heartbeat {
+ public:
+  Heartbeat(CoordinatorClient& client, int node_id, double every_s) : client_(client), node_id_(node_id) {
+    thread_ = std::thread([this, every_s] {
+      std::unique_lock lock(mutex_);
+      while (!stopping_) {
+        NodeProgress p = progress_;
+        lock.unlock();
+        client_.heartbeat(node_id_, p);
+        lock.lock();
+        changed_.wait_for(lock, std::chrono::milliseconds(static_cast<std::int64_t>(every_s * 1000)),
+                          [this] { return stopping_; });
+      }
+    });
+  }
+  ~Heartbeat() { stop(NodeProgress{}, false); }
+  template <typename Update>
+  void update(Update f) {
+    std::lock_guard lock(mutex_);
+    f(progress_);
+  }
+  // Stops the thread; with `final_report`, sends `last` once more (e.g. done = true).
+  void stop(const NodeProgress& last, bool final_report) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+      changed_.notify_all();
+    }
+    thread_.join();
+    if (final_report) client_.heartbeat(node_id_, last);
+  }
+  NodeProgress snapshot() {
+    std::lock_guard lock(mutex_);
+    return progress_;
+  }
+
+ private:
+  CoordinatorClient& client_;
+  int node_id_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  NodeProgress progress_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class NodeDaemon {
+ public:
+  explicit NodeDaemon(Config config) : config_(std::move(config)), trainer_(config_), params_(model_param_set(trainer_.model())) {
+    if (!config_.sync.dump_dir.empty()) {
+      dump_dir_ = config_.sync.dump_dir + "/node" + std::to_string(config_.run.node_id);
+      ensure_directory(dump_dir_);
+    }
+  }
+
+  void run() {
+    const int me = config_.run.node_id;
+    std::uint64_t catch_up_round = 0;
+    if (!config_.coordinator.address.empty()) {
+      coordinator_ = std::make_unique<CoordinatorClient>(config_);
+      const MembershipPlan configured = static_plan(config_);
+      auto [plan, round] = coordinator_->join(me, configured.find(me)->address, config_.coordinator.wait_s);
+      spdlog::info("coordinator {}: joined run '{}' as node {}{}", config_.coordinator.address,
+                   config_.sync.effective_run_id(config_.run), me,
+                   round > 0 ? fmt::format(" (run in progress: catching up at round {})", round) : "");
+      heartbeat_ = std::make_unique<Heartbeat>(*coordinator_, me, config_.coordinator.heartbeat_s);
+      if (round > 0) {
+        plan_ = plan;
+        catch_up_round = round;
+      } else {
+        plan_ = plan_for(1).value_or(plan);
+      }
+    } else {
+      plan_ = static_plan(config_);
+    }
+    engine_ = std::make_unique<SyncEngine>(engine_config(config_, plan_), params_, plan_.version);
+    if (catch_up_round > 0) catch_up(catch_up_round);
+    else adopt(plan_, /*log_changes=*/false);
+
+    trainer_.set_after_step([this](const StepStats& s) { after_step(s); });
+    trainer_.set_should_stop([] { return stop_requested(); });
+    EvalStats final_eval = trainer_.run();
+    engine_->finish(config_.sync.round_timeout_s);
+    std::uint64_t skips = 0;
+    for (auto k : engine_->skip_counts()) skips += k;
+    if (heartbeat_) {
+      NodeProgress last = heartbeat_->snapshot();
+      last.done = !trainer_.stopped_early();
+      heartbeat_->stop(last, true);
+    }
+    if (trainer_.stopped_early()) {
+      spdlog::warn("node {} stopped by signal {} at step {} after {} rounds; left the round cleanly", me, stop_signal(),
+                   trainer_.step_count(), round_);
+      return;
+    }
+    spdlog::info("node {} done: {} rounds, {} in, {} out, {} peer skips; final validation loss {:.4f} (ppl {:.2f})", me,
+                 round_, format_bytes(static_cast<double>(bytes_in_ + engine_->bytes_received())),
+                 format_bytes(static_cast<double>(bytes_out_ + engine_->bytes_sent())), skips, final_eval.loss,
+                 final_eval.perplexity);
+  }
+
+ private:
+  std::optional<MembershipPlan> plan_for(std::uint64_t round) {
+    auto plan = coordinator_->plan_for(config_.run.node_id, round, config_.coordinator.wait_s);
+    if (!plan)
+      spdlog::warn("coordinator {} unreachable for {:.0f} s: keeping plan {} for round {}", config_.coordinator.address,
+                   config_.coordinator.wait_s, plan_.version, round);
+    return plan;
+  }
+
+  // Trains what `plan` gives this node; says which experts it takes over (zero moments).
+  void adopt(const MembershipPlan& plan, bool log_changes) {
+    const PlanMember* mine = plan.find(config_.run.node_id);
+    if (!mine)
+      raise(ErrorKind::Peer, "node {} is not a member of plan {} (the coordinator declared it dead?): restart it to "
+            "rejoin", config_.run.node_id, plan.version);
+    auto added = trainer_.set_owned_experts(mine->experts);
+    if (log_changes && !added.empty())
+      spdlog::warn("node {} now trains experts {} as well, from their last synced weights; their AdamW moments start "
+                   "at zero", config_.run.node_id, ints_text(added));
+    if (heartbeat_) heartbeat_->update([&](NodeProgress& p) { p.experts = mine->experts; });
+  }
+
+  // Switches to a new plan between rounds: peers must first fetch our part of the last round.
+  void switch_plan(const MembershipPlan& next) {
+    engine_->finish(config_.sync.round_timeout_s);
+    bytes_in_ += engine_->bytes_received();
+    bytes_out_ += engine_->bytes_sent();
+    engine_.reset();
+    spdlog::info("plan {} from round {}: {} member(s)", next.version, next.effective_round, next.members.size());
+    plan_ = next;
+    engine_ = std::make_unique<SyncEngine>(engine_config(config_, plan_), params_, plan_.version);
+    adopt(plan_, true);
+  }
+
+  // A node joining a run in progress: take round `round`'s result, then become a member.
+  void catch_up(std::uint64_t round) {
+    const std::int64_t step = std::min<std::int64_t>(static_cast<std::int64_t>(round) * config_.sync.every, config_.train.steps);
+    spdlog::info("catching up: waiting for round {} (step {}) from {} member(s)", round, step, plan_.members.size());
+    SyncRoundReport r = engine_->run_round(round, step);
+    trainer_.set_step(step);
+    round_ = round;
+    spdlog::info("caught up at round {} (step {}): {} received in {:.1f} s", round, step,
+                 format_bytes(static_cast<double>(r.bytes_in)), r.seconds);
+    auto next = plan_for(round + 1);
+    if (!next || !next->find(config_.run.node_id))
+      raise(ErrorKind::Peer, "caught up at round {} but the coordinator has no plan with node {} as a member", round,
+            config_.run.node_id);
+    switch_plan(*next);
+  }
+
+  void after_step(const StepStats& s) {
+    if (heartbeat_)
+      heartbeat_->update([&](NodeProgress& p) {
+        p.step = s.step;
+        p.loss = s.loss;
+        p.tokens_per_s = s.tokens_per_s;
+        p.peak_rss_bytes = s.peak_rss;
+      });
+    if (s.step % config_.sync.every != 0 && s.step != config_.train.steps) return;
+    ++round_;
+    if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_pre.safetensors", dump_dir_, round_));
+    SyncRoundReport r = engine_->run_round(round_, s.step);
+    if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_post.safetensors", dump_dir_, round_));
+    log_round(r);
+    if (coordinator_ && s.step != config_.train.steps) {
+      auto next = plan_for(round_ + 1);
+      if (next && next->version != plan_.version) switch_plan(*next);
+    }
+  }
+
+  void log_round(const SyncRoundReport& r) {
+    spdlog::info("sync  round {:>3} at step {:>5} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
+                 format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
+                 r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
+    if (MetricsLog* m = trainer_.metrics()) {
+      nlohmann::json skipped = nlohmann::json::array();
+      for (const auto& k : r.skipped) skipped.push_back({{"peer", k.peer}, {"reason", k.reason}});
+      m->write_line(nlohmann::json{{"type", "sync"}, {"round", r.round}, {"step", r.step}, {"seconds", r.seconds},
+                                   {"bytes_in", r.bytes_in}, {"bytes_out_total", bytes_out_ + r.bytes_out},
+                                   {"skipped", skipped}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
+                                   {"plan", plan_.version}, {"members", plan_.members.size()}}
+                        .dump());
+    }
+    if (heartbeat_)
+      heartbeat_->update([&](NodeProgress& p) {
+        p.round = r.round;
+        p.last_sync_unix_s = unix_now();
+        p.last_sync_bytes_in = r.bytes_in;
+        p.bytes_in_total = bytes_in_ + engine_->bytes_received();
+        p.bytes_out_total = bytes_out_ + engine_->bytes_sent();
+      });
+  }
+
+  Config config_;
+  Trainer trainer_;
+  ParamSet params_;
+  std::string dump_dir_;
+  std::unique_ptr<CoordinatorClient> coordinator_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+  std::unique_ptr<SyncEngine> engine_;
+  MembershipPlan plan_;
+  std::uint64_t round_ = 0;
+  std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of engines replaced by plan changes
+};
+
 void run_node(const ConfigOptions& options) {
   Config config = load_config(options.config, options.overrides);
   if (!config.sync.enabled())
     raise(ErrorKind::Config, "{}: `spes node` needs sync.every > 0 and sync.peers (for one machine use `spes train`)",
           config.where("sync.every"));
+  install_stop_signals();
   ensure_directory(config.run.out_dir);
   init_logging(options.log_level == "info" ? config.run.log_level : options.log_level, config.run.out_dir + "/node.log");
-  spdlog::info("spes node {}: config {} → {}", config.run.node_id, config.source, config.run.out_dir);
+  spdlog::info("spes node {} (pid {}): config {} → {}", config.run.node_id, static_cast<long>(::getpid()), config.source,
+               config.run.out_dir);
   prepare_data(config);
   spdlog::info("libtorch intra-op threads: {}", configure_threads(config.run));
-
-  Trainer trainer(config);
-  ParamSet params = model_param_set(trainer.model());
-  SyncEngine engine(config, params);
-  const std::string dump_dir =
-      config.sync.dump_dir.empty() ? "" : config.sync.dump_dir + "/node" + std::to_string(config.run.node_id);
-  if (!dump_dir.empty()) ensure_directory(dump_dir);
-
-  std::uint64_t round = 0;
-  trainer.set_after_step([&](const StepStats& s) {
-    if (s.step % config.sync.every != 0 && s.step != config.train.steps) return;
-    ++round;
-    if (!dump_dir.empty()) dump_params(params, fmt::format("{}/round{}_pre.safetensors", dump_dir, round));
-    SyncRoundReport r = engine.run_round(round, s.step);
-    if (!dump_dir.empty()) dump_params(params, fmt::format("{}/round{}_post.safetensors", dump_dir, round));
-    spdlog::info("sync  round {:>3} at step {:>5} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
-                 format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(r.bytes_out)),
-                 r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
-    if (MetricsLog* m = trainer.metrics()) {
-      nlohmann::json skipped = nlohmann::json::array();
-      for (const auto& k : r.skipped) skipped.push_back({{"peer", k.peer}, {"reason", k.reason}});
-      m->write_line(nlohmann::json{{"type", "sync"}, {"round", r.round}, {"step", r.step}, {"seconds", r.seconds},
-                                   {"bytes_in", r.bytes_in}, {"bytes_out_total", r.bytes_out}, {"skipped", skipped},
-                                   {"merged", r.merged}, {"merge_alpha", r.merge_alpha}}
-                        .dump());
-    }
-  });
-  EvalStats final_eval = trainer.run();
-  engine.finish(config.sync.round_timeout_s);
-  std::uint64_t skips = 0;
-  for (auto k : engine.skip_counts()) skips += k;
-  spdlog::info("node {} done: {} rounds, {} in, {} out, {} peer skips; final validation loss {:.4f} (ppl {:.2f})",
-               config.run.node_id, round, format_bytes(static_cast<double>(engine.bytes_received())),
-               format_bytes(static_cast<double>(engine.bytes_sent())), skips, final_eval.loss, final_eval.perplexity);
+  NodeDaemon daemon(std::move(config));
+  daemon.run();
 }
 
 }  // namespace
 
 void add_node_command(CLI::App& app) {
-  auto* node = app.add_subcommand("node", "run one node of a SPES cluster: trainer + sync service (peers from the config)");
+  auto* node = app.add_subcommand("node", "run one node of a SPES cluster: trainer + sync service (+ coordinator client)");
   auto options = std::make_shared<ConfigOptions>();
   add_config_options(*node, *options);
   node->callback([options] { run_node(*options); });

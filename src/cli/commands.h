@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace spes {
+struct ClusterStatus;
+}
+
 namespace spes::cli {
 
 // Options every config-driven command shares.
@@ -21,6 +25,10 @@ void add_data_commands(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_node_command(CLI::App& app);
 void add_model_commands(CLI::App& app);
+void add_coordinator_commands(CLI::App& app);
+// The table `spes coordinator status` prints (also used by launch-local).
+void print_cluster_status(const ClusterStatus& status);
+void add_launch_command(CLI::App& app);
 void add_bench_commands(CLI::App& app);
 void add_bench_sync(CLI::App& bench);  // tests/bench/bench_sync.cpp
 

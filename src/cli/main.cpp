@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   spes::cli::add_data_commands(app);
   spes::cli::add_train_command(app);
   spes::cli::add_node_command(app);
+  spes::cli::add_coordinator_commands(app);
+  spes::cli::add_launch_command(app);
   spes::cli::add_model_commands(app);
   spes::cli::add_bench_commands(app);
   try {

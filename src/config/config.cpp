@@ -12,6 +12,7 @@
 
 namespace spes {
 using config_detail::MapReader;
+using config_detail::read_expert_list;
 
 const char* wire_encoding_name(WireEncoding encoding) {
   switch (encoding) {
@@ -174,36 +175,6 @@ void read_schedule(MapReader r, ScheduleConfig& c) {
 }
 
 // A list of experts: `all`, or a list of indices and "a-b" ranges.
-std::vector<int> read_expert_list(MapReader& r, const YAML::Node& node, const std::string& key) {
-  std::vector<int> out;
-  if (!node || node.IsNull()) return out;
-  if (node.IsScalar()) {
-    if (node.Scalar() == "all") return out;
-    r.fail(key, fmt::format("expected 'all' or a list of expert indices, got '{}'", node.Scalar()));
-  }
-  if (!node.IsSequence()) r.fail(key, "expected 'all' or a list of expert indices");
-  for (const auto& item : node) {
-    if (!item.IsScalar()) r.fail(key, "list items must be integers or 'a-b' ranges");
-    const std::string& text = item.Scalar();
-    auto dash = text.find('-', 1);
-    try {
-      if (dash != std::string::npos) {
-        int lo = std::stoi(text.substr(0, dash));
-        int hi = std::stoi(text.substr(dash + 1));
-        if (hi < lo) r.fail(key, fmt::format("range '{}' is empty", text));
-        for (int e = lo; e <= hi; ++e) out.push_back(e);
-      } else {
-        std::size_t used = 0;
-        int e = std::stoi(text, &used);
-        if (used != text.size()) throw std::invalid_argument(text);
-        out.push_back(e);
-      }
-    } catch (const std::logic_error&) {
-      r.fail(key, fmt::format("'{}' is not an expert index or 'a-b' range", text));
-    }
-  }
-  return out;
-}
 
 void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
   r.get("steps", c.steps);
@@ -348,6 +319,17 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   }
 }
 
+void read_coordinator(MapReader r, CoordinatorClientConfig& c) {
+  r.get("address", c.address);
+  r.get("heartbeat_s", c.heartbeat_s);
+  r.get("wait_s", c.wait_s);
+  r.finish();
+  if (!c.address.empty() && c.address.rfind(':') == std::string::npos)
+    r.fail("address", fmt::format("'{}' is not host:port", c.address));
+  if (c.heartbeat_s <= 0) r.fail("heartbeat_s", "must be positive");
+  if (c.wait_s < 0) r.fail("wait_s", "must be >= 0");
+}
+
 void read_merge(MapReader r, MergeConfig& c) {
   r.get("alpha", c.alpha);
   r.get("horizon", c.horizon);
@@ -388,7 +370,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   read_train(top.section("train"), c.train, c.model);
   read_sync(top.section("sync"), c.sync, c.model, source_name, &c.key_lines);
   read_merge(top.section("merge"), c.merge);
+  read_coordinator(top.section("coordinator"), c.coordinator);
   top.finish();
+  if (!c.coordinator.address.empty() && !c.sync.enabled())
+    raise(ErrorKind::Config, "{}: a coordinator needs sync (sync.every and sync.peers)", c.where("coordinator.address"));
 
   if (c.sync.enabled()) {
     auto self = std::find_if(c.sync.peers.begin(), c.sync.peers.end(),

@@ -188,4 +188,36 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   cursor[parts.back()] = value;
 }
 
+// An expert list: 'all' (empty result), or integers and 'a-b' ranges.
+std::vector<int> read_expert_list(MapReader& r, const YAML::Node& node, const std::string& key) {
+  std::vector<int> out;
+  if (!node || node.IsNull()) return out;
+  if (node.IsScalar()) {
+    if (node.Scalar() == "all") return out;
+    r.fail(key, fmt::format("expected 'all' or a list of expert indices, got '{}'", node.Scalar()));
+  }
+  if (!node.IsSequence()) r.fail(key, "expected 'all' or a list of expert indices");
+  for (const auto& item : node) {
+    if (!item.IsScalar()) r.fail(key, "list items must be integers or 'a-b' ranges");
+    const std::string& text = item.Scalar();
+    auto dash = text.find('-', 1);
+    try {
+      if (dash != std::string::npos) {
+        int lo = std::stoi(text.substr(0, dash));
+        int hi = std::stoi(text.substr(dash + 1));
+        if (hi < lo) r.fail(key, fmt::format("range '{}' is empty", text));
+        for (int e = lo; e <= hi; ++e) out.push_back(e);
+      } else {
+        std::size_t used = 0;
+        int e = std::stoi(text, &used);
+        if (used != text.size()) throw std::invalid_argument(text);
+        out.push_back(e);
+      }
+    } catch (const std::logic_error&) {
+      r.fail(key, fmt::format("'{}' is not an expert index or 'a-b' range", text));
+    }
+  }
+  return out;
+}
+
 }  // namespace spes::config_detail

@@ -44,6 +44,9 @@ class MapReader {
   std::set<std::string> known_;
 };
 
+// An expert list: 'all' or absent (empty result), or integers and 'a-b' ranges.
+std::vector<int> read_expert_list(MapReader& r, const YAML::Node& node, const std::string& key);
+
 // Applies "a.b.c=value" to a document, creating maps as needed. Throws Error(Config).
 void apply_override(YAML::Node& root, const std::string& assignment);
 

@@ -9,6 +9,7 @@
 #include "payload.h"
 #include "spes/sync/merge.h"
 #include "spes/util/error.h"
+#include "spes/util/signals.h"
 #include "transport.h"
 
 namespace spes {
@@ -45,7 +46,8 @@ struct SyncEngine::Impl {
   TransportSettings transport;
   RoundStore store;
   std::unique_ptr<SyncServer> server;
-  int self = 0, n = 1;
+  int self = 0, n = 1;                                  // self: position in peers; -1 = observer
+  bool observer = false;                                // catching up: fetches a round, serves nothing
   std::vector<std::unique_ptr<spes::v1::SyncService::Stub>> stubs;  // per peer; null for self
   std::vector<std::vector<ParamRange>> slices;          // shared slice k
   std::vector<std::vector<ParamRange>> peer_experts;    // experts owned by peer j (all layers)
@@ -58,10 +60,15 @@ struct SyncEngine::Impl {
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
 
-  Impl(const Config& c, ParamSet p) : config(c), params(std::move(p)) {
+  Impl(const Config& c, ParamSet p, std::uint64_t plan) : config(c), params(std::move(p)) {
     transport = transport_settings(config);
-    self = config.run.node_id;
+    transport.plan = plan;
     n = static_cast<int>(config.sync.peers.size());
+    self = -1;
+    for (int j = 0; j < n; ++j)
+      if (config.sync.peers[j].id == config.run.node_id) self = j;
+    observer = self < 0;
+    transport.node_id = self;
     for (int k = 0; k < n; ++k) slices.push_back(params.shared_slice(k, n));
     for (const auto& peer : config.sync.peers) {
       std::vector<ParamRange> ranges;
@@ -72,34 +79,39 @@ struct SyncEngine::Impl {
     keeps_baseline = config.sync.shared_encoding == WireEncoding::Int8Delta ||
                      config.sync.expert_encoding == WireEncoding::Int8Delta;
     if (keeps_baseline) snapshot_baseline();
+    suspect.assign(static_cast<std::size_t>(n), false);
+    skips.assign(static_cast<std::size_t>(n), 0);
+    auto credentials = channel_credentials(transport);
+    for (int j = 0; j < n; ++j) {
+      if (j == self) {
+        stubs.emplace_back();
+        continue;
+      }
+      auto channel = grpc::CreateCustomChannel(config.sync.peers[j].address, credentials, channel_arguments(transport));
+      stubs.push_back(spes::v1::SyncService::NewStub(channel));
+    }
+    if (observer) {
+      spdlog::info("sync: node {} catching up from {} node(s), run '{}'", config.run.node_id, n, transport.run_id);
+      return;
+    }
     if (config.sync.expert_encoding != WireEncoding::Fp32)
       residual_experts.assign(static_cast<std::size_t>(range_numel(peer_experts[self])), 0.0f);
     if (config.sync.shared_encoding != WireEncoding::Fp32) {
       residual_average.assign(static_cast<std::size_t>(range_numel(slices[self])), 0.0f);
       for (int k = 0; k < n; ++k) residual_raw.emplace_back(static_cast<std::size_t>(range_numel(slices[k])), 0.0f);
     }
-    suspect.assign(static_cast<std::size_t>(n), false);
-    skips.assign(static_cast<std::size_t>(n), 0);
-
     server = std::make_unique<SyncServer>(transport, store);
     const auto& me = config.sync.peers[self];
     server->start(config.sync.listen.empty() ? me.address : config.sync.listen);
-    auto credentials = channel_credentials(transport);
-    for (const auto& peer : config.sync.peers) {
-      if (peer.id == self) {
-        stubs.emplace_back();
-        continue;
-      }
-      auto channel = grpc::CreateCustomChannel(peer.address, credentials, channel_arguments(transport));
-      stubs.push_back(spes::v1::SyncService::NewStub(channel));
-    }
     spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps, shared {}, experts {}",
-                 self, n, server->port(), transport.insecure ? "INSECURE plaintext" : "TLS", transport.run_id,
+                 config.run.node_id, n, server->port(), transport.insecure ? "INSECURE plaintext" : "TLS", transport.run_id,
                  config.sync.every, wire_encoding_name(config.sync.shared_encoding),
                  wire_encoding_name(config.sync.expert_encoding));
     if (transport.insecure)
       spdlog::warn("sync: sync.insecure is set: weights and the run token travel unencrypted");
   }
+
+  int label(int j) const { return config.sync.peers[j].id; }
 
   void snapshot_baseline() {
     synced.resize(params.size());
@@ -139,7 +151,8 @@ struct SyncEngine::Impl {
     Fetched out;
     // A peer skipped last round gets one try; others are retried while they refuse connections
     // (a node still starting up) for up to sync.peer_wait_s.
-    const auto give_up = suspect[peer] ? Clock::now()
+    const auto give_up = observer        ? deadline
+                         : suspect[peer] ? Clock::now()
                                        : std::min(deadline, Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(
                                                                               config.sync.peer_wait_s * 1000)));
     double backoff = config.sync.retry_backoff_s;
@@ -153,7 +166,8 @@ struct SyncEngine::Impl {
       request.set_round(round);
       request.set_part(part);
       request.set_slice(slice);
-      request.set_requester(static_cast<std::uint32_t>(self));
+      request.set_requester(static_cast<std::uint32_t>(config.run.node_id));
+      request.set_plan(transport.plan);
       StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
                               model_values(ranges), config.sync.max_rel_change);
       auto reader = stubs[peer]->Fetch(&context, request);
@@ -186,9 +200,11 @@ struct SyncEngine::Impl {
         out.contributors = receiver.contributors();
         return out;
       }
-      const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+      // An observer asks for a round the cluster has not reached yet: OUT_OF_RANGE means "later".
+      const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             (observer && status.error_code() == grpc::StatusCode::OUT_OF_RANGE);
       const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
-      if (!transient || retry_at >= give_up) {
+      if (!transient || retry_at >= give_up || stop_requested()) {
         out.reason = fmt::format("{} ({})", status.error_message(), static_cast<int>(status.error_code()));
         return out;
       }
@@ -197,7 +213,52 @@ struct SyncEngine::Impl {
     }
   }
 
+  // The observer's round: every averaged slice from its aggregator and every expert from its
+  // owner, then the merge warm-up if due — the same result the members end the round with.
+  SyncRoundReport observe_round(std::uint64_t round, std::int64_t step) {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
+    const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
+    std::vector<std::future<Fetched>> avg_calls(static_cast<std::size_t>(n)), expert_calls(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      avg_calls[j] = std::async(std::launch::async, [&, j] {
+        return fetch(j, round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(j), slices[j], se, deadline);
+      });
+      if (!peer_experts[j].empty())
+        expert_calls[j] = std::async(std::launch::async, [&, j] {
+          return fetch(j, round, spes::v1::EXPERTS, 0, peer_experts[j], ee, deadline);
+        });
+    }
+    std::vector<Fetched> averaged(static_cast<std::size_t>(n)), experts(static_cast<std::size_t>(n));
+    std::string failed;
+    for (int j = 0; j < n; ++j) {
+      averaged[j] = avg_calls[j].get();
+      if (!averaged[j].ok) failed += fmt::format(" node {}: averaged slice: {};", label(j), averaged[j].reason);
+      if (expert_calls[j].valid()) {
+        experts[j] = expert_calls[j].get();
+        if (!experts[j].ok) failed += fmt::format(" node {}: experts: {};", label(j), experts[j].reason);
+      }
+    }
+    if (!failed.empty()) raise(ErrorKind::Peer, "could not catch up at round {}:{}", round, failed);
+    for (int j = 0; j < n; ++j) {
+      scatter(params, slices[j], averaged[j].values.data());
+      if (experts[j].ok) scatter(params, peer_experts[j], experts[j].values.data());
+    }
+    SyncRoundReport report;
+    report.round = round;
+    report.step = step;
+    if (merge_due(config.merge, step)) {
+      report.merged = true;
+      report.merge_alpha = merge_alpha(config.merge, step);
+      merge_experts(params, report.merge_alpha, config.merge.top_k);
+    }
+    report.bytes_in = bytes_in.load();
+    report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return report;
+  }
+
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
+    if (observer) return observe_round(round, step);
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
     const std::uint64_t in0 = bytes_in.load();
@@ -324,8 +385,8 @@ struct SyncEngine::Impl {
       suspect[j] = !failure[j].empty();
       if (suspect[j]) {
         ++skips[j];
-        report.skipped.push_back({j, failure[j]});
-        spdlog::warn("sync: round {}: skipped node {}: {}", round, j, failure[j]);
+        report.skipped.push_back({label(j), failure[j]});
+        spdlog::warn("sync: round {}: skipped node {}: {}", round, label(j), failure[j]);
       }
     }
     report.bytes_in = bytes_in.load() - in0;
@@ -335,14 +396,14 @@ struct SyncEngine::Impl {
   }
 };
 
-SyncEngine::SyncEngine(const Config& config, ParamSet params)
-    : impl_(std::make_unique<Impl>(config, std::move(params))) {}
+SyncEngine::SyncEngine(const Config& config, ParamSet params, std::uint64_t plan)
+    : impl_(std::make_unique<Impl>(config, std::move(params), plan)) {}
 SyncEngine::~SyncEngine() = default;
 SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step) { return impl_->run_round(round, step); }
 void SyncEngine::finish(double timeout_s) {
   Impl& m = *impl_;
   const std::uint64_t round = m.store.latest();
-  if (round == 0 || m.n == 1) return;
+  if (m.observer || round == 0 || m.n == 1) return;
   // Each other node fetches our averaged slice, its raw copy of its own slice and our experts.
   // Peers skipped in the last round (dead or hostile) are not waited for.
   std::size_t live = 0;
@@ -353,10 +414,10 @@ void SyncEngine::finish(double timeout_s) {
     spdlog::warn("sync: leaving before every peer fetched round {} from this node", round);
 }
 
-int SyncEngine::port() const { return impl_->server->port(); }
-std::uint64_t SyncEngine::bytes_sent() const { return impl_->server->bytes_sent(); }
+int SyncEngine::port() const { return impl_->server ? impl_->server->port() : 0; }
+std::uint64_t SyncEngine::bytes_sent() const { return impl_->server ? impl_->server->bytes_sent() : 0; }
 std::uint64_t SyncEngine::bytes_received() const { return impl_->bytes_in.load(); }
-std::uint64_t SyncEngine::calls_refused() const { return impl_->server->calls_refused(); }
+std::uint64_t SyncEngine::calls_refused() const { return impl_->server ? impl_->server->calls_refused() : 0; }
 std::vector<std::uint64_t> SyncEngine::skip_counts() const { return impl_->skips; }
 
 }  // namespace spes

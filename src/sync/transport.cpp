@@ -28,7 +28,8 @@ std::string trim(std::string s) {
   return s.substr(i);
 }
 
-// Constant-time comparison so the token cannot be guessed byte by byte from timings.
+}  // namespace
+
 bool same_token(const std::string& a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
@@ -36,7 +37,11 @@ bool same_token(const std::string& a, std::string_view b) {
   return diff == 0;
 }
 
-}  // namespace
+bool has_token(const grpc::ServerContext& context, const std::string& token) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kTokenHeader);
+  return it != metadata.end() && same_token(token, std::string_view(it->second.data(), it->second.size()));
+}
 
 TransportSettings transport_settings(const Config& c) {
   TransportSettings s;
@@ -94,13 +99,17 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       spdlog::warn("sync: refused a call from {} (node {}): {}", context->peer(), request->requester(), why);
       return grpc::Status(code, why);
     };
-    const auto& metadata = context->client_metadata();
-    auto token = metadata.find(kTokenHeader);
-    if (token == metadata.end() || !same_token(s.token, std::string_view(token->second.data(), token->second.size())))
+    if (!has_token(*context, s.token))
       return refuse(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token");
     if (request->run_id() != s.run_id)
       return refuse(grpc::StatusCode::FAILED_PRECONDITION,
                     "this node serves run '" + s.run_id + "', not '" + request->run_id() + "'");
+    if (request->plan() > s.plan)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this node is still on plan " + std::to_string(s.plan) +
+                                                             " (switching to plan " + std::to_string(request->plan()) + ")");
+    if (request->plan() < s.plan)
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION, "this node runs plan " + std::to_string(s.plan) +
+                                                               ", not plan " + std::to_string(request->plan()));
     const auto part = request->part();
     if (part != spes::v1::EXPERTS && part != spes::v1::SHARED_RAW && part != spes::v1::SHARED_AVERAGED)
       return refuse(grpc::StatusCode::INVALID_ARGUMENT, "unknown part");

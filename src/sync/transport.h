@@ -25,9 +25,15 @@ struct TransportSettings {
   std::string run_id;
   int node_id = 0;
   int n_nodes = 1;
+  std::uint64_t plan = 0;  // membership plan version (0 = static peers)
   std::int64_t chunk_bytes = 4 << 20;
   double max_wait_s = 600;  // longest a Fetch waits for a round the server has not reached
 };
+
+// Constant-time comparison so the token cannot be guessed byte by byte from timings.
+bool same_token(const std::string& a, std::string_view b);
+// True when the call carries `token` in the kTokenHeader metadata.
+bool has_token(const grpc::ServerContext& context, const std::string& token);
 
 // Reads the run token and the TLS files named in the config (Error(Config) naming the file).
 TransportSettings transport_settings(const Config& config);

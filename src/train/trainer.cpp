@@ -135,6 +135,29 @@ EvalStats Trainer::evaluate() {
   return e;
 }
 
+std::vector<int> Trainer::set_owned_experts(const std::vector<int>& owned) {
+  std::vector<int> added;
+  for (int e : owned)
+    if (e >= 0 && e < config_.model.n_experts && !owned_[static_cast<std::size_t>(e)]) added.push_back(e);
+  model_->set_owned_experts(owned);
+  for (auto& p : model_->parameters())
+    if (!p.requires_grad() && p.grad().defined()) p.mutable_grad() = torch::Tensor();
+  // AdamW keys its per-parameter state by the tensor's address, which does not change.
+  auto old_state = std::move(optimizer_->state());
+  trainable_ = model_->trainable_parameters();
+  optimizer_ = make_adamw(trainable_, config_.optim);
+  for (const auto& p : trainable_) {
+    auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    auto it = old_state.find(key);
+    if (it != old_state.end()) optimizer_->state()[key] = std::move(it->second);
+  }
+  owned_.assign(static_cast<std::size_t>(config_.model.n_experts), false);
+  for (int e : owned) owned_[static_cast<std::size_t>(e)] = true;
+  config_.train.owned_experts = owned;
+  std::sort(config_.train.owned_experts.begin(), config_.train.owned_experts.end());
+  return added;
+}
+
 TrainingMemory Trainer::memory() const { return training_memory(model_->parameters(), *optimizer_); }
 
 EvalStats Trainer::run() {
@@ -152,9 +175,15 @@ EvalStats Trainer::run() {
   const auto t_start = std::chrono::steady_clock::now();
   double window_seconds = 0, window_tokens = 0, window_flops = 0;
   EvalStats last_eval;
+  stopped_early_ = false;
   while (step_ < tc.steps) {
     StepStats s = step();
     if (after_step_) after_step_(s);
+    if (should_stop_ && should_stop_()) {
+      stopped_early_ = true;
+      spdlog::warn("stopped after step {} of {} (signal)", s.step, tc.steps);
+      return last_eval;
+    }
     window_seconds += s.seconds;
     window_tokens += static_cast<double>(s.tokens);
     window_flops += s.flops;

@@ -3,11 +3,13 @@
 #include <malloc.h>
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -28,6 +30,32 @@ std::int64_t current_rss_bytes() {
   statm >> pages_total >> pages_resident;
   return pages_resident * ::sysconf(_SC_PAGESIZE);
 }
+
+int spawn_logged(const std::vector<std::string>& argv, const std::filesystem::path& log_path) {
+  SPES_CHECK(!argv.empty(), "spawn_logged needs a program");
+  int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) raise(ErrorKind::Io, "cannot open log file '{}': {}", log_path.string(), std::strerror(errno));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(log_fd);
+    raise(ErrorKind::Io, "cannot start '{}': {}", argv[0], std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive the launcher
+    ::dup2(log_fd, STDOUT_FILENO);
+    ::dup2(log_fd, STDERR_FILENO);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(log_fd);
+  return static_cast<int>(pid);
+}
+
+std::filesystem::path self_executable() { return std::filesystem::read_symlink("/proc/self/exe"); }
 
 bool program_exists(const std::string& program) {
   const char* path = std::getenv("PATH");

@@ -19,6 +19,7 @@
 #include "spes/model/size.h"
 #include "spes/sync/codec.h"
 #include "spes/sync/engine.h"
+#include "spes/sync/traffic.h"
 #include "spes/util/error.h"
 #include "spes/util/log.h"
 #include "spes/util/progress.h"
@@ -39,26 +40,9 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
-struct Traffic {
-  double total = 0;    // bytes moved by all nodes in one round
-  double busiest = 0;  // the most bytes through one link in one direction
-};
-
 // Bytes per value of an encoding, int8 scales included (one per row of d values).
 double value_bytes(WireEncoding e, std::int64_t d) {
   return static_cast<double>(encoded_size(e, d * 1000, d)) / static_cast<double>(d * 1000);
-}
-
-Traffic reference_star(double S, double X, int N, int E) {
-  const double m = static_cast<double>(E) / N, up = 4 * (S + m * X), down = 4 * (S + E * X);
-  return {N * (up + down), N * down};  // the server's downlink carries every download
-}
-
-// SPES peer-to-peer: per node in = out = 2·S·(N−1)/N (slice reduce + fetch) + (N−1)·m experts.
-Traffic spes_count(double S, double X, int N, int E, double shared_bpv, double expert_bpv) {
-  const double m = static_cast<double>(E) / N;
-  const double per_node = shared_bpv * 2 * S * (N - 1) / N + expert_bpv * (E - m) * X;
-  return {N * per_node, per_node};
 }
 
 // Model-shaped buffers (names are not the model's; only sizes and row lengths matter here).
@@ -169,7 +153,7 @@ void run_sync_bench(const SyncBenchOptions& o) {
   if (N < 1 || E % N != 0) raise(ErrorKind::Usage, "--nodes {} must divide the {} experts", N, E);
   const ParamCounts pc = count_params(c.model, E);
   const double S = static_cast<double>(pc.shared), X = static_cast<double>(pc.one_expert * c.model.n_layers);
-  const Traffic ref = reference_star(S, X, N, E);
+  const Traffic ref = reference_star_traffic(S, X, N, E);
   std::printf("config %s: %s shared + %d experts × %s; N = %d nodes, %d experts each\n", c.source.c_str(),
               format_count(S).c_str(), E, format_count(X).c_str(), N, E / N);
   std::printf("reference star (fp32): total %s per round, busiest link (server downlink) %s\n\n",
@@ -183,7 +167,7 @@ void run_sync_bench(const SyncBenchOptions& o) {
   const std::int64_t d = c.model.d_model;
   for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25}, Case{WireEncoding::Bf16, 0.35, 0.0},
                         Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12}}) {
-    const Traffic counted = spes_count(S, X, N, E, value_bytes(k.e, d), value_bytes(k.e, d));
+    const Traffic counted = spes_traffic(S, X, N, E, value_bytes(k.e, d), value_bytes(k.e, d));
     auto row = [&](const char* how, const Traffic& t) {
       const double rt = t.total / ref.total, rb = t.busiest / ref.busiest;
       std::printf("%-10s %-15s %12s %7.3f× %12s %7.3f×   ≤ %.2f%s / %s%s\n", wire_encoding_name(k.e), how,

@@ -125,6 +125,13 @@ struct MergeConfig {
   int top_k = 4;                 // K most similar experts (at most n_experts - 1 are used)
 };
 
+// How a node talks to the coordinator (spes coordinator serve); empty address = static peers only.
+struct CoordinatorClientConfig {
+  std::string address;      // host:port of the coordinator; same token and TLS files as sync
+  double heartbeat_s = 2;   // seconds between heartbeats
+  double wait_s = 30;       // how long a round start waits for an unreachable coordinator
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -135,6 +142,7 @@ struct Config {
   TrainConfig train;
   SyncConfig sync;
   MergeConfig merge;
+  CoordinatorClientConfig coordinator;
 
   std::string source;                     // the file it came from
   std::map<std::string, int> key_lines;   // "model.d_model" -> line in `source`

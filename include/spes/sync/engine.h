@@ -41,7 +41,10 @@ struct SyncRoundReport {
 class SyncEngine {
  public:
   // Reads the run token and TLS files, binds the sync service (Error(Io) if the port is taken).
-  SyncEngine(const Config& config, ParamSet params);
+  // The peers are config.sync.peers (any ids); a node not among them is an observer: it serves
+  // nothing and its run_round() fetches the members' result of that round (catching up).
+  // `plan` is the coordinator's membership version, checked on every call (0 = static peers).
+  SyncEngine(const Config& config, ParamSet params, std::uint64_t plan = 0);
   ~SyncEngine();
   SyncEngine(const SyncEngine&) = delete;
   SyncEngine& operator=(const SyncEngine&) = delete;

@@ -42,6 +42,16 @@ class Trainer {
   // Called by run() after every optimizer step, before the progress line (the node daemon
   // runs its sync rounds here).
   void set_after_step(std::function<void(const StepStats&)> hook) { after_step_ = std::move(hook); }
+  // Checked by run() after every step: when it returns true, run() stops after that step
+  // without the final evaluation (SIGTERM in the node daemon).
+  void set_should_stop(std::function<bool()> should_stop) { should_stop_ = std::move(should_stop); }
+  bool stopped_early() const { return stopped_early_; }
+  // Changes which experts this node trains, between steps. Experts it keeps keep their AdamW
+  // moments; newly owned ones start with zero moments from their current (last synced) weights;
+  // dropped ones lose gradient and optimizer state. Returns the newly owned experts.
+  std::vector<int> set_owned_experts(const std::vector<int>& owned);
+  // Moves the step counter (LR schedule position) for a node joining a run in progress.
+  void set_step(std::int64_t step) { step_ = step; }
   // The run's JSONL metrics file, or null when outputs are off.
   MetricsLog* metrics() { return metrics_ ? &*metrics_ : nullptr; }
 
@@ -66,6 +76,8 @@ class Trainer {
   std::int64_t step_ = 0;
   double peak_flops_ = 0;
   std::function<void(const StepStats&)> after_step_;
+  std::function<bool()> should_stop_;
+  bool stopped_early_ = false;
 };
 
 // Sets libtorch's intra-op threads from run.threads (0 = all cores); returns the count.

@@ -24,6 +24,13 @@ struct CommandResult {
 CommandResult run_command(const std::vector<std::string>& argv,
                           const std::filesystem::path& cwd = {});
 
+// Starts argv[0] (a path) in its own process group (so a terminal's Ctrl-C reaches only the
+// caller, which decides how to stop it) with stdout and stderr appended to `log_path`.
+// Returns the child's pid; Error(Io) when it cannot be started.
+int spawn_logged(const std::vector<std::string>& argv, const std::filesystem::path& log_path);
+// The path of the running executable (/proc/self/exe).
+std::filesystem::path self_executable();
+
 // Keeps freed memory in the heap instead of returning it to the kernel: a training step frees
 // and reallocates the same large activation buffers every step, and with glibc's defaults each
 // one is a fresh mmap whose pages the kernel zeroes again (a fifth of the step time on `small`).

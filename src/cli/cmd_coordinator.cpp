@@ -1,0 +1,114 @@
+// spes coordinator plan | serve | status
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "spes/coord/cluster.h"
+#include "spes/coord/coordinator.h"
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+#include "spes/util/log.h"
+#include "spes/util/progress.h"
+#include "spes/util/signals.h"
+
+namespace spes::cli {
+namespace {
+
+std::string join_ints(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out.empty() ? "-" : out;
+}
+
+void run_plan(const std::string& cluster_path, const std::string& out) {
+  ClusterConfig cluster = load_cluster(cluster_path);
+  PlanFiles files = write_plan(cluster, out);
+  std::printf("%s", read_file(files.assignment_table).c_str());
+  for (const auto& f : files.node_configs) std::printf("wrote %s\n", f.c_str());
+  std::printf("wrote %s\n", files.assignment_table.c_str());
+}
+
+void run_serve(const std::string& cluster_path, bool exit_when_done, const std::string& log_level) {
+  ClusterConfig cluster = load_cluster(cluster_path);
+  if (cluster.coordinator.address.empty())
+    raise(ErrorKind::Config, "{}: coordinator.address is required to serve", cluster.where("coordinator"));
+  ensure_directory(cluster.out_dir + "/coordinator");
+  init_logging(log_level, cluster.out_dir + "/coordinator/coordinator.log");
+  install_stop_signals();
+  CoordinatorServer server(cluster);
+  server.start();
+  server.wait(exit_when_done);
+  server.stop();
+  spdlog::info("coordinator: stopped");
+}
+
+nlohmann::json status_json(const ClusterStatus& s) {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const auto& n : s.nodes) {
+    const auto& p = n.progress;
+    nodes.push_back({{"id", n.id}, {"address", n.address}, {"alive", n.alive}, {"member", n.member},
+                     {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step}, {"round", p.round},
+                     {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s}, {"last_sync_unix_s", p.last_sync_unix_s},
+                     {"last_sync_bytes_in", p.last_sync_bytes_in}, {"bytes_in_total", p.bytes_in_total},
+                     {"bytes_out_total", p.bytes_out_total}, {"peak_rss_bytes", p.peak_rss_bytes}, {"done", p.done}});
+  }
+  return {{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version},
+          {"plan_effective_round", s.plan.effective_round}, {"nodes", nodes}};
+}
+
+}  // namespace
+
+void print_cluster_status(const ClusterStatus& s) {
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::printf("run '%s' | round %llu | plan %llu (from round %llu)\n", s.run_id.c_str(),
+              static_cast<unsigned long long>(s.round), static_cast<unsigned long long>(s.plan.version),
+              static_cast<unsigned long long>(s.plan.effective_round));
+  std::printf("%-4s %-21s %-6s %-12s %7s %5s %8s %10s %10s %9s %9s\n", "node", "address", "state", "experts", "step",
+              "round", "loss", "last sync", "last in", "tok/s", "rss");
+  for (const auto& n : s.nodes) {
+    const auto& p = n.progress;
+    const char* state = !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "wait" : "dead";
+    const std::string ago = p.last_sync_unix_s > 0 ? format_duration(now - p.last_sync_unix_s) + " ago" : "-";
+    std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %8.4f %10s %10s %9s %9s\n", n.id, n.address.c_str(), state,
+                join_ints(p.experts).c_str(), static_cast<long long>(p.step), static_cast<unsigned long long>(p.round),
+                p.loss, ago.c_str(), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
+                format_count(p.tokens_per_s).c_str(), format_bytes(static_cast<double>(p.peak_rss_bytes)).c_str());
+  }
+}
+
+
+void add_coordinator_commands(CLI::App& app) {
+  auto* coord = app.add_subcommand("coordinator", "plan a cluster, run its coordinator, show its status");
+  coord->require_subcommand(1);
+
+  auto cluster = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto* plan = coord->add_subcommand("plan", "write one node config per node and the expert assignment table");
+  plan->add_option("--cluster", *cluster, "cluster file (YAML)")->required();
+  plan->add_option("--out", *out, "folder for node{i}.yaml and assignment.txt")->required();
+  plan->callback([cluster, out] { run_plan(*cluster, *out); });
+
+  auto exit_when_done = std::make_shared<bool>(false);
+  auto log_level = std::make_shared<std::string>("info");
+  auto* serve = coord->add_subcommand("serve", "run the coordinator: membership, heartbeats, reassignment");
+  serve->add_option("--cluster", *cluster, "cluster file (YAML)")->required();
+  serve->add_flag("--exit-when-done", *exit_when_done, "exit once every member node reported it finished");
+  serve->add_option("--log-level", *log_level, "trace, debug, info, warn or error");
+  serve->callback([cluster, exit_when_done, log_level] { run_serve(*cluster, *exit_when_done, *log_level); });
+
+  auto as_json = std::make_shared<bool>(false);
+  auto* status = coord->add_subcommand("status", "show the nodes of a running cluster");
+  status->add_option("--cluster", *cluster, "cluster file (YAML)")->required();
+  status->add_flag("--json", *as_json, "print JSON instead of a table");
+  status->callback([cluster, as_json] {
+    CoordinatorClient client(load_cluster(*cluster));
+    ClusterStatus s = client.status(5.0);
+    if (*as_json) std::printf("%s\n", status_json(s).dump(2).c_str());
+    else print_cluster_status(s);
+  });
+}
+
+}  // namespace spes::cli

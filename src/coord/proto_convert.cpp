@@ -1,0 +1,99 @@
+#include "proto_convert.h"
+
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+
+namespace spes {
+
+const PlanMember* MembershipPlan::find(int id) const {
+  for (const auto& m : members)
+    if (m.id == id) return &m;
+  return nullptr;
+}
+
+namespace coord_detail {
+
+void to_proto(const MembershipPlan& plan, spes::v1::Plan& out) {
+  out.set_version(plan.version);
+  out.set_effective_round(plan.effective_round);
+  for (const auto& m : plan.members) {
+    auto* member = out.add_members();
+    member->set_id(static_cast<std::uint32_t>(m.id));
+    member->set_address(m.address);
+    for (int e : m.experts) member->add_experts(static_cast<std::uint32_t>(e));
+  }
+  for (int id : plan.observers) out.add_observers(static_cast<std::uint32_t>(id));
+}
+
+MembershipPlan from_proto(const spes::v1::Plan& plan) {
+  MembershipPlan out;
+  out.version = plan.version();
+  out.effective_round = plan.effective_round();
+  for (const auto& m : plan.members()) {
+    PlanMember member;
+    member.id = static_cast<int>(m.id());
+    member.address = m.address();
+    for (auto e : m.experts()) member.experts.push_back(static_cast<int>(e));
+    out.members.push_back(std::move(member));
+  }
+  for (auto id : plan.observers()) out.observers.push_back(static_cast<int>(id));
+  return out;
+}
+
+void to_proto(const NodeProgress& p, spes::v1::NodeReport& out) {
+  out.set_step(p.step);
+  out.set_round(p.round);
+  out.set_loss(p.loss);
+  out.set_tokens_per_s(p.tokens_per_s);
+  out.set_last_sync_unix_s(p.last_sync_unix_s);
+  out.set_last_sync_bytes_in(p.last_sync_bytes_in);
+  out.set_bytes_in_total(p.bytes_in_total);
+  out.set_bytes_out_total(p.bytes_out_total);
+  out.set_peak_rss_bytes(p.peak_rss_bytes);
+  out.set_done(p.done);
+  for (int e : p.experts) out.add_experts(static_cast<std::uint32_t>(e));
+}
+
+NodeProgress from_proto(const spes::v1::NodeReport& r) {
+  NodeProgress p;
+  p.step = r.step();
+  p.round = r.round();
+  p.loss = r.loss();
+  p.tokens_per_s = r.tokens_per_s();
+  p.last_sync_unix_s = r.last_sync_unix_s();
+  p.last_sync_bytes_in = r.last_sync_bytes_in();
+  p.bytes_in_total = r.bytes_in_total();
+  p.bytes_out_total = r.bytes_out_total();
+  p.peak_rss_bytes = r.peak_rss_bytes();
+  p.done = r.done();
+  for (auto e : r.experts()) p.experts.push_back(static_cast<int>(e));
+  return p;
+}
+
+sync_detail::TransportSettings cluster_transport(const ClusterConfig& c) {
+  auto read = [&](const std::string& key, const std::string& path) {
+    try {
+      return read_file(path);
+    } catch (const Error& e) {
+      raise(ErrorKind::Config, "{}: cannot read '{}': {}", c.where(key), path, e.what());
+    }
+  };
+  sync_detail::TransportSettings s;
+  s.insecure = c.insecure;
+  if (!c.insecure) {
+    s.ca_pem = read("tls", c.tls_ca);
+    s.cert_pem = read("tls", c.tls_cert);
+    s.key_pem = read("tls", c.tls_key);
+  }
+  s.token = c.token;
+  if (s.token.empty()) {
+    s.token = read("token_file", c.token_file);
+    while (!s.token.empty() && std::isspace(static_cast<unsigned char>(s.token.back()))) s.token.pop_back();
+  }
+  if (s.token.empty()) raise(ErrorKind::Config, "{}: the run token is empty", c.where("token_file"));
+  s.run_id = c.run;
+  return s;
+}
+
+}  // namespace coord_detail
+}  // namespace spes

@@ -1,0 +1,367 @@
+// CoordinatorServer: membership, plans and the round counter behind a small gRPC service.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "proto_convert.h"
+#include "spes/coord/coordinator.h"
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+#include "spes/util/signals.h"
+#include "spes/v1/coordinator.grpc.pb.h"
+
+namespace spes {
+using namespace coord_detail;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kStartupAllowanceS = 120;
+using json = nlohmann::json;
+
+std::string expert_text(const std::vector<int>& experts) {
+  std::string out;
+  for (int e : experts) out += (out.empty() ? "" : ",") + std::to_string(e);
+  return out.empty() ? "none" : out;
+}
+
+json plan_json(const MembershipPlan& p) {
+  json members = json::array();
+  for (const auto& m : p.members) members.push_back({{"id", m.id}, {"address", m.address}, {"experts", m.experts}});
+  return {{"version", p.version}, {"effective_round", p.effective_round}, {"members", members},
+          {"observers", p.observers}};
+}
+
+MembershipPlan plan_from_json(const json& j) {
+  MembershipPlan p;
+  p.version = j.at("version").get<std::uint64_t>();
+  p.effective_round = j.at("effective_round").get<std::uint64_t>();
+  for (const auto& m : j.at("members"))
+    p.members.push_back({m.at("id").get<int>(), m.at("address").get<std::string>(), m.at("experts").get<std::vector<int>>()});
+  p.observers = j.value("observers", std::vector<int>{});
+  return p;
+}
+
+struct NodeState {
+  bool alive = true;
+  bool joined = false;
+  Clock::time_point last_seen;
+  Clock::time_point dead_since;
+  NodeProgress progress;
+};
+
+}  // namespace
+
+struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
+  ClusterConfig cluster;
+  sync_detail::TransportSettings transport;
+  std::int64_t n_experts = 0;
+  std::map<int, std::vector<int>> planned;  // the cluster file's assignment
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<MembershipPlan> plans;        // every plan so far, oldest first
+  std::uint64_t max_round = 0;              // highest round any node asked a plan for
+  std::uint64_t rounds_done = 0;            // highest round any node reported finished
+  std::map<int, NodeState> nodes;
+  std::unique_ptr<grpc::Server> server;
+  std::thread monitor;
+  bool stopping = false;
+  int port = 0;
+
+  explicit Impl(const ClusterConfig& c) : cluster(c), transport(cluster_transport(c)) {
+    n_experts = load_base_config(c).model.n_experts;
+    const auto owned = assign_experts(c, n_experts);
+    MembershipPlan first{1, 1, {}};
+    for (std::size_t i = 0; i < c.nodes.size(); ++i) {
+      planned[c.nodes[i].id] = owned[i];
+      first.members.push_back({c.nodes[i].id, c.nodes[i].address, owned[i]});
+    }
+    const auto now = Clock::now();
+    for (const auto& n : c.nodes) nodes[n.id].last_seen = now;  // everyone gets dead_after_s to show up
+    if (std::filesystem::exists(c.state_path())) load_state(first);
+    else {
+      plans.push_back(first);
+      save_state();
+    }
+  }
+
+  void load_state(const MembershipPlan& first) {
+    const std::string path = cluster.state_path();
+    try {
+      json j = json::parse(read_file(path));
+      if (j.at("run").get<std::string>() != cluster.run)
+        raise(ErrorKind::Config, "coordinator state '{}' belongs to run '{}', not '{}': remove it or use another "
+              "coordinator.state", path, j.at("run").get<std::string>(), cluster.run);
+      max_round = j.at("max_round").get<std::uint64_t>();
+      rounds_done = j.value("rounds_done", std::uint64_t{0});
+      for (const auto& p : j.at("plans")) plans.push_back(plan_from_json(p));
+      if (plans.empty() || plans.front().members.size() != first.members.size())
+        raise(ErrorKind::Config, "coordinator state '{}' does not match the cluster file's nodes", path);
+      for (const auto& m : plans.back().members)
+        if (!nodes.count(m.id)) raise(ErrorKind::Config, "coordinator state '{}' names node {}, which the cluster file "
+                                      "does not have", path, m.id);
+    } catch (const json::exception& e) {
+      raise(ErrorKind::Config, "coordinator state '{}' is not readable: {}", path, e.what());
+    }
+    spdlog::info("coordinator: resumed from {}: plan {} (from round {}), round {}", path, plans.back().version,
+                 plans.back().effective_round, max_round);
+  }
+
+  // Called with the mutex held.
+  void save_state() {
+    json p = json::array();
+    for (const auto& plan : plans) p.push_back(plan_json(plan));
+    json j{{"run", cluster.run}, {"max_round", max_round}, {"rounds_done", rounds_done}, {"plans", p}};
+    const std::filesystem::path path = cluster.state_path();
+    if (path.has_parent_path()) ensure_directory(path.parent_path());
+    write_file_atomic(path, j.dump(1));
+  }
+
+  const MembershipPlan& latest() const { return plans.back(); }
+
+  // A new plan over `live` nodes, effective at the first round no node has started (and after
+  // the latest plan, which may itself lie in the future).
+  void replan(const std::vector<int>& live, const std::vector<int>& observers, const std::string& why) {
+    std::map<int, std::vector<int>> current;
+    for (const auto& m : latest().members) current[m.id] = m.experts;
+    auto owned = reassign_experts(planned, current, live, n_experts);
+    MembershipPlan next{latest().version + 1, std::max(max_round + 1, latest().effective_round + 1), {}, observers};
+    for (int id : live) {
+      const auto& node = *std::find_if(cluster.nodes.begin(), cluster.nodes.end(), [&](const auto& n) { return n.id == id; });
+      next.members.push_back({id, node.address, owned[id]});
+    }
+    plans.push_back(next);
+    save_state();
+    std::string table;
+    for (const auto& m : next.members) table += fmt::format(" node {}: {};", m.id, expert_text(m.experts));
+    if (!observers.empty()) table += fmt::format(" catching up: {}", expert_text(observers));
+    spdlog::warn("coordinator: plan {} from round {} ({}):{}", next.version, next.effective_round, why, table);
+    changed.notify_all();
+  }
+
+  std::vector<int> member_ids(int without = -1) const {
+    std::vector<int> ids;
+    for (const auto& m : latest().members)
+      if (m.id != without) ids.push_back(m.id);
+    return ids;
+  }
+
+  grpc::Status check(const grpc::ServerContext* context, const std::string& run_id, int node_id, bool needs_node) {
+    if (!sync_detail::has_token(*context, transport.token))
+      return {grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token"};
+    if (run_id != cluster.run)
+      return {grpc::StatusCode::FAILED_PRECONDITION, "this coordinator serves run '" + cluster.run + "', not '" + run_id + "'"};
+    if (needs_node && !nodes.count(node_id))
+      return {grpc::StatusCode::NOT_FOUND, "node " + std::to_string(node_id) + " is not in the cluster file"};
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Join(grpc::ServerContext* context, const spes::v1::JoinRequest* request,
+                    spes::v1::JoinReply* reply) override {
+    const int id = static_cast<int>(request->node_id());
+    std::lock_guard lock(mutex);
+    if (auto s = check(context, request->run_id(), id, true); !s.ok()) return refuse(context, s);
+    const auto& node = *std::find_if(cluster.nodes.begin(), cluster.nodes.end(), [&](const auto& n) { return n.id == id; });
+    if (request->address() != node.address)
+      return refuse(context, {grpc::StatusCode::INVALID_ARGUMENT, "node " + std::to_string(id) + " is at " + node.address +
+                                                                      " in the cluster file, not " + request->address()});
+    NodeState& st = nodes[id];
+    st.joined = true;
+    st.alive = true;
+    st.last_seen = Clock::now();
+    st.progress = NodeProgress{};
+    if (rounds_done == 0) {
+      // No round has finished: every member still holds the initial weights (same seed), so
+      // the node starts from step 0 with everyone else; peers wait for it (sync.peer_wait_s).
+      if (!latest().find(id)) {
+        auto live = member_ids();
+        live.push_back(id);
+        std::sort(live.begin(), live.end());
+        replan(live, {}, "node " + std::to_string(id) + " admitted");
+      } else {
+        spdlog::info("coordinator: node {} joined from {}", id, context->peer());
+      }
+      to_proto(latest(), *reply->mutable_plan());
+      reply->set_round(0);
+      return grpc::Status::OK;
+    }
+    // A run in progress: the node's weights are stale. It first observes one round (its experts,
+    // if it had any, go to live members for that round), then the next plan makes it a member
+    // again with its planned experts.
+    auto others = member_ids(id);
+    if (others.empty())
+      return refuse(context, {grpc::StatusCode::FAILED_PRECONDITION,
+                              "no live member to catch up from: restart the run (or resume from a checkpoint)"});
+    replan(others, {id}, "node " + std::to_string(id) + " rejoining");
+    const std::uint64_t catch_up = latest().effective_round;
+    to_proto(latest(), *reply->mutable_plan());
+    auto with = others;
+    with.push_back(id);
+    std::sort(with.begin(), with.end());
+    replan(with, {}, "node " + std::to_string(id) + " re-admitted");
+    reply->set_round(catch_up);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext* context, const spes::v1::HeartbeatRequest* request,
+                         spes::v1::HeartbeatReply* reply) override {
+    const int id = static_cast<int>(request->node_id());
+    std::lock_guard lock(mutex);
+    if (auto s = check(context, request->run_id(), id, true); !s.ok()) return refuse(context, s);
+    NodeState& st = nodes[id];
+    if (!st.alive && latest().find(id)) spdlog::info("coordinator: node {} is answering again", id);
+    st.alive = true;
+    st.last_seen = Clock::now();
+    st.progress = from_proto(request->report());
+    if (st.progress.round > rounds_done) {
+      rounds_done = st.progress.round;
+      save_state();
+    }
+    reply->set_plan_version(latest().version);
+    if (st.progress.done) changed.notify_all();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetPlan(grpc::ServerContext* context, const spes::v1::PlanRequest* request,
+                       spes::v1::PlanReply* reply) override {
+    const int id = static_cast<int>(request->node_id());
+    std::lock_guard lock(mutex);
+    if (auto s = check(context, request->run_id(), id, true); !s.ok()) return refuse(context, s);
+    if (request->round() > max_round) {
+      max_round = request->round();
+      save_state();
+    }
+    // Plans only ever take effect after max_round, so every node asking for round r gets the same one.
+    const MembershipPlan* chosen = &plans.front();
+    for (const auto& p : plans)
+      if (p.effective_round <= request->round()) chosen = &p;
+    to_proto(*chosen, *reply->mutable_plan());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Status(grpc::ServerContext* context, const spes::v1::StatusRequest* request,
+                      spes::v1::StatusReply* reply) override {
+    std::lock_guard lock(mutex);
+    if (auto s = check(context, request->run_id(), 0, false); !s.ok()) return refuse(context, s);
+    reply->set_run_id(cluster.run);
+    reply->set_round(max_round);
+    to_proto(latest(), *reply->mutable_plan());
+    const auto now = Clock::now();
+    for (const auto& n : cluster.nodes) {
+      const NodeState& st = nodes[n.id];
+      auto* row = reply->add_nodes();
+      row->set_id(static_cast<std::uint32_t>(n.id));
+      row->set_address(n.address);
+      row->set_alive(st.alive && st.joined);
+      row->set_member(latest().find(n.id) != nullptr);
+      row->set_silent_s(st.joined ? std::chrono::duration<double>(now - st.last_seen).count() : -1.0);
+      to_proto(st.progress, *row->mutable_report());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status refuse(const grpc::ServerContext* context, const grpc::Status& s) {
+    spdlog::warn("coordinator: refused a call from {}: {}", context->peer(), s.error_message());
+    return s;
+  }
+
+  // Marks silent nodes dead and, past the grace period, hands their experts to live members.
+  void check_heartbeats() {
+    std::lock_guard lock(mutex);
+    const auto now = Clock::now();
+    const auto dead_after = std::chrono::duration<double>(cluster.coordinator.dead_after_s);
+    const auto grace = std::chrono::duration<double>(cluster.coordinator.grace_s);
+    std::vector<int> live, removed;
+    for (const auto& m : latest().members) {
+      NodeState& st = nodes[m.id];
+      // A node that never joined gets a start-up allowance (data preparation, model build).
+      const auto allowed = st.joined ? dead_after : std::max(dead_after, std::chrono::duration<double>(kStartupAllowanceS));
+      if (st.alive && !st.progress.done && now - st.last_seen > allowed) {
+        st.alive = false;
+        st.dead_since = now;
+        spdlog::warn("coordinator: node {} silent for {:.0f} s: marked dead (experts {} reassigned after {:.0f} s more)",
+                     m.id, cluster.coordinator.dead_after_s, expert_text(m.experts), cluster.coordinator.grace_s);
+      }
+      if (!st.alive && now - st.dead_since >= grace) removed.push_back(m.id);
+      else live.push_back(m.id);
+    }
+    if (removed.empty() || live.empty()) return;
+    std::string who;
+    for (int id : removed) who += (who.empty() ? "" : ", ") + std::to_string(id);
+    replan(live, {}, "node(s) " + who + " dead past the grace period");
+  }
+
+  bool all_done() {
+    for (const auto& m : latest().members)
+      if (!nodes[m.id].progress.done) return false;
+    return true;
+  }
+};
+
+CoordinatorServer::CoordinatorServer(const ClusterConfig& cluster) : impl_(std::make_unique<Impl>(cluster)) {}
+CoordinatorServer::~CoordinatorServer() { stop(); }
+
+void CoordinatorServer::start() {
+  Impl& m = *impl_;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(m.cluster.coordinator.address, sync_detail::server_credentials(m.transport), &m.port);
+  builder.SetMaxReceiveMessageSize(sync_detail::kMaxRequestBytes);
+  builder.RegisterService(&m);
+  m.server = builder.BuildAndStart();
+  if (!m.server || m.port == 0)
+    raise(ErrorKind::Io, "cannot listen on {} for the coordinator (address in use or not local?)",
+          m.cluster.coordinator.address);
+  m.monitor = std::thread([&m] {
+    std::unique_lock lock(m.mutex);
+    while (!m.stopping) {
+      m.changed.wait_for(lock, std::chrono::milliseconds(250));
+      if (m.stopping) break;
+      lock.unlock();
+      m.check_heartbeats();
+      lock.lock();
+    }
+  });
+  spdlog::info("coordinator: run '{}', {} nodes, serving on port {} ({}); state {}", m.cluster.run,
+               m.cluster.nodes.size(), m.port, m.transport.insecure ? "INSECURE plaintext" : "TLS", m.cluster.state_path());
+}
+
+void CoordinatorServer::wait(bool exit_when_done) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mutex);
+  while (!m.stopping && !stop_requested()) {
+    if (exit_when_done && m.all_done()) {
+      spdlog::info("coordinator: every member finished; leaving");
+      return;
+    }
+    m.changed.wait_for(lock, std::chrono::milliseconds(200));
+  }
+  if (stop_requested()) spdlog::info("coordinator: stopping (signal {})", stop_signal());
+}
+
+void CoordinatorServer::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mutex);
+    if (m.stopping && !m.server) return;
+    m.stopping = true;
+    m.changed.notify_all();
+  }
+  if (m.monitor.joinable()) m.monitor.join();
+  if (m.server) {
+    m.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    m.server->Wait();
+    m.server.reset();
+  }
+}
+
+int CoordinatorServer::port() const { return impl_->port; }
+
+}  // namespace spes

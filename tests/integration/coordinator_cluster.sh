@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The coordinator and launch-local, as a user runs them (tiny config, loopback):
+#   E. launch-local: coordinator + 3 nodes end to end; every node finished, weights identical
+#      after the last round, summary and plot written;
+#   F. a node killed (SIGKILL) mid-run: the coordinator reassigns its experts after the grace
+#      period; the coordinator itself is killed and restarted and the survivors finish;
+#   G. SIGTERM to a node: it finishes its step, leaves cleanly and exits 0;
+#   H. bad input: port in use (nothing started), malformed cluster file, unknown node id.
+# usage: coordinator_cluster.sh SPES SOURCE_DIR TEST_DATA_DIR
+set -uo pipefail
+SPES=$1
+SRC=$2
+DATA=$3
+TMP=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  [[ -n "${KEEP_TMP:-}" ]] && echo "kept $TMP" || rm -rf "$TMP"
+}
+trap cleanup EXIT
+export OPENBLAS_NUM_THREADS=1
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+cd "$SRC" || exit 2
+
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# write_cluster NAME STEPS: a 3-node cluster file for the tiny config in $TMP/NAME.
+write_cluster() {
+  local name=$1 steps=$2
+  read -r -a ports <<< "$(free_ports 4)"
+  mkdir -p "$TMP/$name"
+  cat > "$TMP/$name/cluster.yaml" <<YAML
+run: test-$name
+config: $SRC/configs/tiny.yaml
+out_dir: $TMP/$name/run
+token_file: $TMP/$name/token
+insecure: true
+assignment: round_robin
+set:
+  data.dir: $DATA/tiny
+  train.steps: $steps
+  train.eval_every: 0
+  train.log_every: 10
+  sync.every: 10
+  sync.peer_wait_s: 2
+  sync.round_timeout_s: 60
+  sync.retry_backoff_s: 0.1
+  sync.dump_dir: $TMP/$name/dump
+  merge.every: 20
+  merge.horizon: 100
+coordinator: {address: '127.0.0.1:${ports[0]}', heartbeat_s: 0.3, dead_after_s: 1.5, grace_s: 1}
+nodes:
+  - {id: 0, address: '127.0.0.1:${ports[1]}'}
+  - {id: 1, address: '127.0.0.1:${ports[2]}'}
+  - {id: 2, address: '127.0.0.1:${ports[3]}'}
+YAML
+}
+
+wait_for() {  # wait_for FILE PATTERN [tenths]
+  for _ in $(seq 1 "${3:-600}"); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# same_last_round NAME: the three nodes' parameter dumps after their last round are byte-identical.
+same_last_round() {
+  local d=$TMP/$1/dump last
+  last=$(ls "$d/node0" | sed -n 's/round\([0-9]*\)_post.safetensors/\1/p' | sort -n | tail -1)
+  [[ -n "$last" ]] && cmp -s "$d/node0/round${last}_post.safetensors" "$d/node1/round${last}_post.safetensors" &&
+    cmp -s "$d/node0/round${last}_post.safetensors" "$d/node2/round${last}_post.safetensors"
+}
+
+# ---- E: launch-local end to end ----
+write_cluster e 40
+if "$SPES" launch-local "$TMP/e/cluster.yaml" --refresh 2 > "$TMP/e/launch.log" 2>&1; then
+  for i in 0 1 2; do grep -q "node $i done: 4 rounds" "$TMP/e/run/node$i/node.log" || fail "E: node $i did not finish 4 rounds"; done
+  same_last_round e && echo "ok   E: launch-local: 3 nodes finished 4 rounds, identical weights after the last" ||
+    fail "E: weights differ after the last round"
+  grep -q "reference star protocol" "$TMP/e/launch.log" && grep -q "training state per node" "$TMP/e/launch.log" ||
+    fail "E: no summary"
+  [[ -s "$TMP/e/run/loss.png" ]] || fail "E: no loss plot"
+  grep -q "step .*/40" "$TMP/e/launch.log" || fail "E: no live progress"
+else
+  fail "E: launch-local failed"; tail -20 "$TMP/e/launch.log"
+fi
+
+# ---- F: node killed, reassigned, coordinator restarted, node back ----
+write_cluster f 300
+head -c 24 /dev/urandom | base64 > "$TMP/f/token"
+"$SPES" coordinator plan --cluster "$TMP/f/cluster.yaml" --out "$TMP/f/plan" > "$TMP/f/plan.log" 2>&1 || fail "F: plan"
+"$SPES" coordinator serve --cluster "$TMP/f/cluster.yaml" --exit-when-done > "$TMP/f/coord1.log" 2>&1 &
+coord=$!; pids+=($coord)
+node_pid=()
+for i in 0 1 2; do
+  "$SPES" node -c "$TMP/f/plan/node$i.yaml" > "$TMP/f/node$i.log" 2>&1 &
+  node_pid[$i]=$!; pids+=($!)
+done
+wait_for "$TMP/f/node2.log" "sync  round   2" 300 || fail "F: node 2 never reached round 2"
+kill -9 "${node_pid[2]}"
+wait "${node_pid[2]}" 2>/dev/null
+wait_for "$TMP/f/coord1.log" "dead past the grace period" || fail "F: no reassignment"
+wait_for "$TMP/f/node0.log" "now trains experts" || fail "F: node 0 did not take over experts"
+kill -9 "$coord"; wait "$coord" 2>/dev/null
+"$SPES" coordinator serve --cluster "$TMP/f/cluster.yaml" --exit-when-done > "$TMP/f/coord2.log" 2>&1 &
+coord=$!; pids+=($coord)
+grep -q "resumed from" "$TMP/f/coord2.log" || wait_for "$TMP/f/coord2.log" "resumed from" 50 || fail "F: coordinator did not reload its state"
+"$SPES" coordinator status --cluster "$TMP/f/cluster.yaml" --json > "$TMP/f/status.json" 2>&1 || fail "F: status"
+python3 - "$TMP/f/status.json" <<'PY' || fail "F: status does not show node 2 out with its experts moved"
+import json, sys
+s = json.load(open(sys.argv[1]))
+nodes = {n["id"]: n for n in s["nodes"]}
+assert not nodes[2]["member"], nodes[2]
+assert s["plan_version"] >= 2
+PY
+for i in 0 1; do
+  wait "${node_pid[$i]}" || fail "F: node $i exited $?"
+done
+wait "$coord" || fail "F: coordinator exited $?"
+[[ $failures -eq 0 ]] && echo "ok   F: kill → reassignment; coordinator restart keeps the plan; survivors finish"
+# Rejoining mid-run (observer catch-up) is not tested yet: see the issue note.
+
+# ---- G: SIGTERM ----
+write_cluster g 400
+echo secret > "$TMP/g/token"
+"$SPES" coordinator plan --cluster "$TMP/g/cluster.yaml" --out "$TMP/g/plan" > /dev/null 2>&1
+"$SPES" node -c "$TMP/g/plan/node0.yaml" --set coordinator.address= --set "sync.peers=[{id: 0, address: '127.0.0.1:$(free_ports 1)'}]" \
+  > "$TMP/g/node.log" 2>&1 &
+victim=$!; pids+=($victim)
+wait_for "$TMP/g/node.log" "sync  round   1" || fail "G: no round 1"
+kill -TERM "$victim"
+wait "$victim"; rc=$?
+[[ $rc -eq 0 ]] && grep -q "stopped by signal 15" "$TMP/g/node.log" && echo "ok   G: SIGTERM: clean stop, exit 0" ||
+  fail "G: SIGTERM gave exit $rc"
+
+# ---- H: bad input ----
+write_cluster h 20
+port=$(grep -o "127.0.0.1:[0-9]*" "$TMP/h/cluster.yaml" | sed -n 3p | cut -d: -f2)
+python3 -c "import socket,time,sys; s=socket.socket(); s.bind(('127.0.0.1',$port)); s.listen(); time.sleep(30)" &
+holder=$!; pids+=($holder)
+sleep 0.5
+out=$("$SPES" launch-local "$TMP/h/cluster.yaml" 2>&1); rc=$?
+kill "$holder" 2>/dev/null
+[[ $rc -ne 0 && "$out" == *"port $port (node 1"*"in use"*"nothing was started"* && ! -d "$TMP/h/run/node0" ]] &&
+  echo "ok   H: port in use refused before anything started" || fail "H: port in use: rc $rc: $out"
+printf 'run: x\nconfig: configs/tiny.yaml\nout_dir: o\nnodes: [\n' > "$TMP/h/bad.yaml"
+out=$("$SPES" coordinator plan --cluster "$TMP/h/bad.yaml" --out "$TMP/h/p" 2>&1); rc=$?
+[[ $rc -eq 3 && "$out" == *"bad.yaml"* ]] && echo "ok   H: malformed cluster file" || fail "H: malformed: rc $rc: $out"
+echo secret > "$TMP/h/token"
+"$SPES" coordinator plan --cluster "$TMP/h/cluster.yaml" --out "$TMP/h/plan" > /dev/null 2>&1
+"$SPES" coordinator serve --cluster "$TMP/h/cluster.yaml" > "$TMP/h/coord.log" 2>&1 &
+coord=$!; pids+=($coord)
+out=$("$SPES" node -c "$TMP/h/plan/node0.yaml" --set run.node_id=3 --set coordinator.wait_s=5 \
+  --set "sync.peers=[{id: 0, address: '127.0.0.1:1'}, {id: 1, address: '127.0.0.1:2'}, {id: 2, address: '127.0.0.1:3'}, {id: 3, address: '127.0.0.1:4'}]" 2>&1); rc=$?
+kill "$coord"; wait "$coord" 2>/dev/null
+[[ $rc -ne 0 && "$out" == *"node 3 is not in the cluster file"* ]] && echo "ok   H: unknown node id refused" ||
+  fail "H: unknown node: rc $rc: $out"
+
+if [[ $failures -ne 0 ]]; then
+  for f in "$TMP"/*/node*.log "$TMP"/*/coord*.log; do echo "== $f"; tail -4 "$f"; done
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "all coordinator checks passed"

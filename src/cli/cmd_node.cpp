@@ -146,7 +146,7 @@ class NodeDaemon {
     } else {
       plan_ = static_plan(config_);
     }
-    engine_ = std::make_unique<SyncEngine>(engine_config(config_, plan_), params_, plan_.version);
+    engine_ = make_engine();
     if (catch_up_round > 0) catch_up(catch_up_round);
     else adopt(plan_, /*log_changes=*/false);
 
@@ -181,6 +181,13 @@ class NodeDaemon {
     return plan;
   }
 
+  // The sync engine for plan_: its members as peers, its observers waited for in finish().
+  std::unique_ptr<SyncEngine> make_engine() {
+    return std::make_unique<SyncEngine>(engine_config(config_, plan_), params_,
+                                        SyncMembership{plan_.version, std::max<std::uint64_t>(plan_.effective_round, 1),
+                                                       plan_.observers});
+  }
+
   // Trains what `plan` gives this node; says which experts it takes over (zero moments).
   void adopt(const MembershipPlan& plan, bool log_changes) {
     const PlanMember* mine = plan.find(config_.run.node_id);
@@ -202,7 +209,7 @@ class NodeDaemon {
     engine_.reset();
     spdlog::info("plan {} from round {}: {} member(s)", next.version, next.effective_round, next.members.size());
     plan_ = next;
-    engine_ = std::make_unique<SyncEngine>(engine_config(config_, plan_), params_, plan_.version);
+    engine_ = make_engine();
     adopt(plan_, true);
   }
 

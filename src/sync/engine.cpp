@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "payload.h"
@@ -44,6 +45,7 @@ struct SyncEngine::Impl {
   Config config;
   ParamSet params;
   TransportSettings transport;
+  SyncMembership membership;
   RoundStore store;
   std::unique_ptr<SyncServer> server;
   int self = 0, n = 1;                                  // self: position in peers; -1 = observer
@@ -60,9 +62,10 @@ struct SyncEngine::Impl {
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
 
-  Impl(const Config& c, ParamSet p, std::uint64_t plan) : config(c), params(std::move(p)) {
+  Impl(const Config& c, ParamSet p, SyncMembership m)
+      : config(c), params(std::move(p)), membership(std::move(m)), store(membership.first_round) {
     transport = transport_settings(config);
-    transport.plan = plan;
+    transport.plan = membership.plan;
     n = static_cast<int>(config.sync.peers.size());
     self = -1;
     for (int j = 0; j < n; ++j)
@@ -155,6 +158,9 @@ struct SyncEngine::Impl {
                          : suspect[peer] ? Clock::now()
                                        : std::min(deadline, Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(
                                                                               config.sync.peer_wait_s * 1000)));
+    // An observer's copy is stale by design, so the norm-change bound does not apply to it (the
+    // other checks do). Its round is a plan's first, which is sent in fp32: no baseline needed.
+    const double max_rel_change = observer ? std::numeric_limits<double>::infinity() : config.sync.max_rel_change;
     double backoff = config.sync.retry_backoff_s;
     while (true) {
       grpc::ClientContext context;
@@ -169,7 +175,7 @@ struct SyncEngine::Impl {
       request.set_requester(static_cast<std::uint32_t>(config.run.node_id));
       request.set_plan(transport.plan);
       StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
-                              model_values(ranges), config.sync.max_rel_change);
+                              model_values(ranges), max_rel_change);
       auto reader = stubs[peer]->Fetch(&context, request);
       spes::v1::TensorChunk chunk;
       std::string invalid;
@@ -200,9 +206,12 @@ struct SyncEngine::Impl {
         out.contributors = receiver.contributors();
         return out;
       }
-      // An observer asks for a round the cluster has not reached yet: OUT_OF_RANGE means "later".
-      const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             (observer && status.error_code() == grpc::StatusCode::OUT_OF_RANGE);
+      // Transient: a peer not listening (yet) or restarting its service for a new plan (calls
+      // caught in a server's shutdown come back CANCELLED); for an observer, a round the
+      // cluster has not reached yet (OUT_OF_RANGE means "later").
+      const auto code = status.error_code();
+      const bool transient = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
+                             (observer && code == grpc::StatusCode::OUT_OF_RANGE);
       const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
       if (!transient || retry_at >= give_up || stop_requested()) {
         out.reason = fmt::format("{} ({})", status.error_message(), static_cast<int>(status.error_code()));
@@ -396,19 +405,30 @@ struct SyncEngine::Impl {
   }
 };
 
-SyncEngine::SyncEngine(const Config& config, ParamSet params, std::uint64_t plan)
-    : impl_(std::make_unique<Impl>(config, std::move(params), plan)) {}
+SyncEngine::SyncEngine(const Config& config, ParamSet params, SyncMembership membership)
+    : impl_(std::make_unique<Impl>(config, std::move(params), std::move(membership))) {}
 SyncEngine::~SyncEngine() = default;
 SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step) { return impl_->run_round(round, step); }
 void SyncEngine::finish(double timeout_s) {
   Impl& m = *impl_;
   const std::uint64_t round = m.store.latest();
-  if (m.observer || round == 0 || m.n == 1) return;
-  // Each other node fetches our averaged slice, its raw copy of its own slice and our experts.
-  // Peers skipped in the last round (dead or hostile) are not waited for.
-  std::size_t live = 0;
-  for (int j = 0; j < m.n; ++j) live += (j != m.self && !m.suspect[j]) ? 1 : 0;
-  const std::size_t expected = live * (m.peer_experts[m.self].empty() ? 2 : 3);
+  if (m.observer || round < m.membership.first_round || m.n == 1) return;  // nothing published
+  // Each other node fetches our averaged slice, its raw copy of its own slice and our experts;
+  // each observer our averaged slice and our experts. Peers skipped in the last round (dead or
+  // hostile) are not waited for.
+  const bool own_experts = !m.peer_experts[m.self].empty();
+  const auto self_slice = static_cast<std::uint32_t>(m.self);
+  std::vector<ServedKey> expected;
+  auto expect_from = [&](int id) {
+    expected.emplace_back(static_cast<std::uint32_t>(id), spes::v1::SHARED_AVERAGED, self_slice);
+    if (own_experts) expected.emplace_back(static_cast<std::uint32_t>(id), spes::v1::EXPERTS, 0);
+  };
+  for (int j = 0; j < m.n; ++j) {
+    if (j == m.self || m.suspect[j]) continue;
+    expect_from(m.label(j));
+    expected.emplace_back(static_cast<std::uint32_t>(m.label(j)), spes::v1::SHARED_RAW, static_cast<std::uint32_t>(j));
+  }
+  for (int id : m.membership.observers) expect_from(id);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
   if (!m.store.wait_served(round, expected, deadline))
     spdlog::warn("sync: leaving before every peer fetched round {} from this node", round);

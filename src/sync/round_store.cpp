@@ -62,17 +62,24 @@ void RoundStore::close() {
   changed_.notify_all();
 }
 
-void RoundStore::count_served(std::uint64_t round) {
+void RoundStore::count_served(std::uint64_t round, const ServedKey& key) {
   {
     std::lock_guard lock(mutex_);
-    ++served_[round];
+    served_[round].insert(key);
+    while (!served_.empty() && served_.begin()->first + 1 < latest_) served_.erase(served_.begin());
   }
   changed_.notify_all();
 }
 
-bool RoundStore::wait_served(std::uint64_t round, std::size_t count, std::chrono::steady_clock::time_point deadline) {
+bool RoundStore::wait_served(std::uint64_t round, const std::vector<ServedKey>& expected,
+                             std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
-  return changed_.wait_until(lock, deadline, [&] { return served_[round] >= count; });
+  return changed_.wait_until(lock, deadline, [&] {
+    const auto& served = served_[round];
+    for (const auto& key : expected)
+      if (!served.count(key)) return false;
+    return true;
+  });
 }
 
 std::uint64_t RoundStore::latest() const {

@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <tuple>
 #include <vector>
 
 #include "spes/v1/sync.pb.h"
@@ -22,9 +24,16 @@ struct Stream {
 };
 using StreamPtr = std::shared_ptr<const Stream>;
 
+// One stream served in full: who fetched it (their node id), which part, which slice.
+using ServedKey = std::tuple<std::uint32_t, spes::v1::Part, std::uint32_t>;
+
 class RoundStore {
  public:
   enum class Lookup { Ok, Gone, TooFar, NoSuchSlice, Timeout, Closed, Cancelled };
+
+  // `first_round`: the first round this store will publish (a plan's effective round). Requests
+  // for it are waited on like requests for the next round.
+  explicit RoundStore(std::uint64_t first_round = 1) : latest_(first_round > 0 ? first_round - 1 : 0) {}
 
   // Publishes round r's experts and raw shared slices (index = slice). Drops rounds < r - 1.
   void publish(std::uint64_t round, StreamPtr experts, std::vector<StreamPtr> raw_slices);
@@ -37,9 +46,10 @@ class RoundStore {
   // Wakes every waiter with Closed; later calls return Closed.
   void close();
   std::uint64_t latest() const;
-  // Counts a stream of `round` served in full; waits until `count` were (or the deadline).
-  void count_served(std::uint64_t round);
-  bool wait_served(std::uint64_t round, std::size_t count, std::chrono::steady_clock::time_point deadline);
+  // Records a stream of `round` served in full; waits until every `expected` one was (or the deadline).
+  void count_served(std::uint64_t round, const ServedKey& key);
+  bool wait_served(std::uint64_t round, const std::vector<ServedKey>& expected,
+                   std::chrono::steady_clock::time_point deadline);
 
  private:
   struct Round {
@@ -52,7 +62,7 @@ class RoundStore {
   std::map<std::uint64_t, Round> rounds_;
   std::uint64_t latest_ = 0;
   bool closed_ = false;
-  std::map<std::uint64_t, std::size_t> served_;
+  std::map<std::uint64_t, std::set<ServedKey>> served_;
 };
 
 }  // namespace spes::sync_detail

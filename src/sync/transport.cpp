@@ -84,6 +84,11 @@ grpc::ChannelArguments channel_arguments(const TransportSettings& s) {
   args.SetMaxSendMessageSize(kMaxRequestBytes);
   // A fresh connection per peer: several nodes on one host must not share one subchannel.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // After a failed connect gRPC fails calls fast until its reconnect backoff (1 s at first, up
+  // to 120 s) expires; our own retries (sync.retry_backoff_s, sync.peer_wait_s) decide instead.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   return args;
 }
 
@@ -141,7 +146,7 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       owner_.bytes_sent_ += chunk.ByteSizeLong();
     }
-    owner_.store_.count_served(request->round());
+    owner_.store_.count_served(request->round(), {request->requester(), part, request->slice()});
     return grpc::Status::OK;
   }
 
@@ -168,8 +173,9 @@ void SyncServer::start(const std::string& listen_address) {
 
 void SyncServer::stop() {
   if (!server_) return;
-  store_.close();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  store_.close();  // calls waiting for a round return at once; streams being written get time to finish
+  // (a stream counted as served may still sit in buffers when finish() returns)
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server_->Wait();
   server_.reset();
 }

@@ -38,13 +38,19 @@ struct SyncRoundReport {
   double merge_alpha = 0;
 };
 
+// Where a SyncEngine stands in the coordinator's membership (all defaults: static peers).
+struct SyncMembership {
+  std::uint64_t plan = 0;         // plan version, checked on every call (0 = static peers)
+  std::uint64_t first_round = 1;  // the plan's first round (effective_round): earlier ones are not served
+  std::vector<int> observers;     // ids of the nodes catching up from first_round (see finish())
+};
+
 class SyncEngine {
  public:
   // Reads the run token and TLS files, binds the sync service (Error(Io) if the port is taken).
   // The peers are config.sync.peers (any ids); a node not among them is an observer: it serves
   // nothing and its run_round() fetches the members' result of that round (catching up).
-  // `plan` is the coordinator's membership version, checked on every call (0 = static peers).
-  SyncEngine(const Config& config, ParamSet params, std::uint64_t plan = 0);
+  SyncEngine(const Config& config, ParamSet params, SyncMembership membership = {});
   ~SyncEngine();
   SyncEngine(const SyncEngine&) = delete;
   SyncEngine& operator=(const SyncEngine&) = delete;
@@ -53,8 +59,9 @@ class SyncEngine {
   // round's result. Throws only on internal errors: peers' failures become skips.
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step);
 
-  // Before leaving: waits (up to timeout_s) until every peer has fetched its part of the last
-  // round from this node, so that a node finishing first does not make the others skip it.
+  // Before leaving: waits (up to timeout_s) until every peer, and every observer, has fetched its
+  // part of the last round from this node, so that a node finishing (or switching plans) first
+  // does not make the others skip it or leave an observer without the round it catches up from.
   void finish(double timeout_s);
 
   int port() const;

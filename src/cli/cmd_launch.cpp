@@ -192,8 +192,11 @@ NodeSummary read_node_metrics(int id, const fs::path& path) {
 void print_summary(const ClusterConfig& c, const Config& base, const std::vector<NodeSummary>& nodes, double seconds) {
   const int N = static_cast<int>(nodes.size()), E = static_cast<int>(base.model.n_experts);
   const ParamCounts all = count_params(base.model, E);
-  // Training state: fp32 weights of the whole model + grads and two AdamW moments of what it trains.
-  const ParamCounts mine = count_params(base.model, E / std::max(N, 1));
+  // Training state: fp32 weights of the whole model + grads and two AdamW moments of what it
+  // trains; shown for the node with the most experts under the initial assignment.
+  int most = 0;
+  for (const auto& experts : assign_experts(c, E)) most = std::max(most, static_cast<int>(experts.size()));
+  const ParamCounts mine = count_params(base.model, most);
   const double node_state = 4.0 * static_cast<double>(mine.total) + 12.0 * static_cast<double>(mine.trainable);
   const double whole_state = 16.0 * static_cast<double>(all.total);
   std::map<std::uint64_t, std::uint64_t> per_round;
@@ -213,7 +216,7 @@ void print_summary(const ClusterConfig& c, const Config& base, const std::vector
   }
   std::printf("cluster: %s tok/s in all\n", format_count(tps).c_str());
   std::printf("memory: training state per node %s (weights + grads and AdamW moments of %d of %d experts) vs %s to "
-              "train the whole model: %.2f×\n", format_bytes(node_state).c_str(), E / std::max(N, 1), E,
+              "train the whole model: %.2f×\n", format_bytes(node_state).c_str(), most, E,
               format_bytes(whole_state).c_str(), node_state / whole_state);
   const Traffic ref = reference_star_traffic(static_cast<double>(all.shared),
                                              static_cast<double>(all.one_expert * base.model.n_layers), N, E);

@@ -32,12 +32,7 @@ const char* qk_norm_name(QkNorm norm) {
   return "?";
 }
 
-std::string Config::where(const std::string& key) const {
-  auto it = key_lines.find(key);
-  if (it == key_lines.end()) return fmt::format("{} ({})", source, key);
-  if (it->second < 0) return fmt::format("{} (--set {})", source, key);
-  return fmt::format("{}:{} ({})", source, it->second, key);
-}
+std::string Config::where(const std::string& key) const { return config_detail::describe_key(source, key_lines, key); }
 
 bool Config::owns_all_experts() const {
   return train.owned_experts.empty() ||
@@ -276,14 +271,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   read_peers(r, c, model, source, lines);
   r.get("listen", c.listen);
   r.get("run_id", c.run_id);
-  r.get("token", c.token);
-  r.get("token_file", c.token_file);
-  r.get("insecure", c.insecure);
-  MapReader tls = r.section("tls");
-  tls.get("ca", c.tls_ca);
-  tls.get("cert", c.tls_cert);
-  tls.get("key", c.tls_key);
-  tls.finish();
+  read_credentials(r, c);
   MapReader enc = r.section("encoding");
   c.shared_encoding = read_encoding(enc, "shared", c.shared_encoding);
   c.expert_encoding = read_encoding(enc, "experts", c.expert_encoding);
@@ -304,19 +292,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (!c.enabled()) return;
   if (c.peers.empty()) r.fail("peers", "is required when sync.every > 0: list every node of the run");
   check_peers(r, c, model);
-  if (c.token.empty() && c.token_file.empty())
-    r.fail("token", "a run token is required (sync.token or sync.token_file)");
-  if (!c.token_file.empty() && !std::filesystem::exists(c.token_file))
-    r.fail("token_file", fmt::format("file '{}' does not exist", c.token_file));
-  const bool any_tls = !c.tls_ca.empty() || !c.tls_cert.empty() || !c.tls_key.empty();
-  if (c.insecure && any_tls) r.fail("insecure", "is true but sync.tls is also given: choose one");
-  if (!c.insecure) {
-    if (!any_tls) r.fail("tls", "TLS files are required (sync.tls.ca, cert, key), or set sync.insecure: true");
-    for (auto [key, path] : {std::pair{"ca", &c.tls_ca}, {"cert", &c.tls_cert}, {"key", &c.tls_key}}) {
-      if (path->empty()) tls.fail(key, "is required with TLS");
-      if (!std::filesystem::exists(*path)) tls.fail(key, fmt::format("file '{}' does not exist", *path));
-    }
-  }
+  check_credentials(r, c, /*files_exist=*/true);
 }
 
 void read_coordinator(MapReader r, CoordinatorClientConfig& c) {

@@ -1,6 +1,7 @@
 #include "yaml_reader.h"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "spes/util/error.h"
@@ -17,15 +18,9 @@ MapReader::MapReader(YAML::Node node, std::string prefix, std::string source,
   }
 }
 
-std::string MapReader::where(const std::string& key) const {
-  std::string full = prefix_.empty() ? key : prefix_ + "." + key;
-  auto it = lines_->find(full);
-  if (it == lines_->end() || it->second < 0) {
-    if (it != lines_->end()) return fmt::format("{} (--set {})", source_, full);
-    return fmt::format("{} ({})", source_, full);
-  }
-  return fmt::format("{}:{} ({})", source_, it->second, full);
-}
+std::string MapReader::path(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+
+std::string MapReader::where(const std::string& key) const { return describe_key(source_, *lines_, path(key)); }
 
 void MapReader::fail(const std::string& key, const std::string& message) const {
   raise(ErrorKind::Config, "{}: {}", where(key), message);
@@ -41,7 +36,7 @@ YAML::Node MapReader::lookup(const std::string& key) {
   if (!map || !map.IsMap() || !map[key]) return YAML::Node(YAML::NodeType::Undefined);
   YAML::Node value = map[key];
   {
-    std::string full = prefix_.empty() ? key : prefix_ + "." + key;
+    const std::string full = path(key);
     // Keys given with --set are pre-marked -1 so that messages name the flag, not a line.
     auto it = lines_->find(full);
     if (it == lines_->end() || it->second >= 0) (*lines_)[full] = value.Mark().line + 1;
@@ -126,9 +121,8 @@ void MapReader::get(const std::string& key, std::string& out) {
 
 MapReader MapReader::section(const std::string& key) {
   YAML::Node v = lookup(key);
-  std::string full = prefix_.empty() ? key : prefix_ + "." + key;
   if (v && !v.IsNull() && !v.IsMap()) fail(key, "must be a mapping (a section of keys)");
-  return MapReader(v && !v.IsNull() ? v : YAML::Node(YAML::NodeType::Undefined), full, source_, lines_);
+  return MapReader(v && !v.IsNull() ? v : YAML::Node(YAML::NodeType::Undefined), path(key), source_, lines_);
 }
 
 YAML::Node MapReader::raw(const std::string& key) { return lookup(key); }
@@ -186,6 +180,42 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
     cursor.reset(next);
   }
   cursor[parts.back()] = value;
+}
+
+void read_credentials(MapReader& r, Credentials& c) {
+  r.get("token", c.token);
+  r.get("token_file", c.token_file);
+  r.get("insecure", c.insecure);
+  MapReader tls = r.section("tls");
+  tls.get("ca", c.tls_ca);
+  tls.get("cert", c.tls_cert);
+  tls.get("key", c.tls_key);
+  tls.finish();
+}
+
+void check_credentials(MapReader& r, const Credentials& c, bool files_exist) {
+  if (c.token.empty() && c.token_file.empty())
+    r.fail("token", fmt::format("a run token is required ({} or {})", r.path("token"), r.path("token_file")));
+  if (files_exist && !c.token_file.empty() && !std::filesystem::exists(c.token_file))
+    r.fail("token_file", fmt::format("file '{}' does not exist", c.token_file));
+  const bool any_tls = !c.tls_ca.empty() || !c.tls_cert.empty() || !c.tls_key.empty();
+  if (c.insecure && any_tls) r.fail("insecure", fmt::format("is true but {} is also given: choose one", r.path("tls")));
+  if (c.insecure) return;
+  if (!any_tls)
+    r.fail("tls", fmt::format("TLS files are required ({}, {}, {}), or set {}: true", r.path("tls.ca"),
+                              r.path("tls.cert"), r.path("tls.key"), r.path("insecure")));
+  MapReader tls = r.section("tls");
+  for (auto [key, path] : {std::pair{"ca", &c.tls_ca}, {"cert", &c.tls_cert}, {"key", &c.tls_key}}) {
+    if (path->empty()) tls.fail(key, "is required with TLS");
+    if (files_exist && !std::filesystem::exists(*path)) tls.fail(key, fmt::format("file '{}' does not exist", *path));
+  }
+}
+
+std::string describe_key(const std::string& source, const std::map<std::string, int>& lines, const std::string& key) {
+  auto it = lines.find(key);
+  if (it == lines.end()) return fmt::format("{} ({})", source, key);
+  if (it->second < 0) return fmt::format("{} (--set {})", source, key);
+  return fmt::format("{}:{} ({})", source, it->second, key);
 }
 
 // An expert list: 'all' (empty result), or integers and 'a-b' ranges.

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "spes/config/config.h"
+
 namespace spes::config_detail {
 
 class MapReader {
@@ -32,7 +34,8 @@ class MapReader {
   // Throws for every key present in the mapping that no get()/section()/raw() asked for.
   void finish() const;
 
-  std::string where(const std::string& key) const;
+  std::string path(const std::string& key) const;   // "section.key"
+  std::string where(const std::string& key) const;  // "file:line (section.key)"
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 
  private:
@@ -43,6 +46,15 @@ class MapReader {
   std::map<std::string, int>* lines_;
   std::set<std::string> known_;
 };
+
+// Reads token, token_file, insecure and tls: {ca, cert, key} from `r`.
+void read_credentials(MapReader& r, Credentials& c);
+// A token (or its file) is required, and TLS files unless insecure (not both); with `files_exist`
+// every named file must exist.
+void check_credentials(MapReader& r, const Credentials& c, bool files_exist);
+
+// "file:line (key)", "file (--set key)" or "file (key)" from a config's recorded key lines.
+std::string describe_key(const std::string& source, const std::map<std::string, int>& lines, const std::string& key);
 
 // An expert list: 'all' or absent (empty result), or integers and 'a-b' ranges.
 std::vector<int> read_expert_list(MapReader& r, const YAML::Node& node, const std::string& key);

@@ -24,9 +24,7 @@ const char* assignment_strategy_name(AssignmentStrategy s) {
 }
 
 std::string ClusterConfig::where(const std::string& key) const {
-  auto it = key_lines.find(key);
-  if (it == key_lines.end()) return fmt::format("{} ({})", source, key);
-  return fmt::format("{}:{} ({})", source, it->second, key);
+  return config_detail::describe_key(source, key_lines, key);
 }
 
 std::string ClusterConfig::state_path() const {
@@ -81,14 +79,7 @@ ClusterConfig parse_cluster(const std::string& yaml_text, const std::string& sou
   top.get("run", c.run);
   top.get("config", c.config);
   top.get("out_dir", c.out_dir);
-  top.get("token", c.token);
-  top.get("token_file", c.token_file);
-  top.get("insecure", c.insecure);
-  MapReader tls = top.section("tls");
-  tls.get("ca", c.tls_ca);
-  tls.get("cert", c.tls_cert);
-  tls.get("key", c.tls_key);
-  tls.finish();
+  read_credentials(top, c);
   std::string strategy = "contiguous";
   top.get("assignment", strategy);
   if (strategy == "contiguous") c.assignment = AssignmentStrategy::Contiguous;
@@ -117,11 +108,8 @@ ClusterConfig parse_cluster(const std::string& yaml_text, const std::string& sou
   top.finish();
 
   if (c.run.empty()) top.fail("run", "must not be empty");
-  if (c.token.empty() && c.token_file.empty()) top.fail("token", "a run token is required (token or token_file)");
-  const bool any_tls = !c.tls_ca.empty() || !c.tls_cert.empty() || !c.tls_key.empty();
-  if (c.insecure && any_tls) top.fail("insecure", "is true but tls is also given: choose one");
-  if (!c.insecure && (c.tls_ca.empty() || c.tls_cert.empty() || c.tls_key.empty()))
-    top.fail("tls", "TLS files are required (tls.ca, tls.cert, tls.key), or set insecure: true");
+  // The token file may not exist yet: launch-local creates it (the node configs check it).
+  check_credentials(top, c, /*files_exist=*/false);
   if (c.replication != 1)
     top.fail("replication", fmt::format("{} owners per expert is not supported: every expert has exactly one owner "
                                         "(replication: 1)", c.replication));

@@ -71,26 +71,7 @@ NodeProgress from_proto(const spes::v1::NodeReport& r) {
 }
 
 sync_detail::TransportSettings cluster_transport(const ClusterConfig& c) {
-  auto read = [&](const std::string& key, const std::string& path) {
-    try {
-      return read_file(path);
-    } catch (const Error& e) {
-      raise(ErrorKind::Config, "{}: cannot read '{}': {}", c.where(key), path, e.what());
-    }
-  };
-  sync_detail::TransportSettings s;
-  s.insecure = c.insecure;
-  if (!c.insecure) {
-    s.ca_pem = read("tls", c.tls_ca);
-    s.cert_pem = read("tls", c.tls_cert);
-    s.key_pem = read("tls", c.tls_key);
-  }
-  s.token = c.token;
-  if (s.token.empty()) {
-    s.token = read("token_file", c.token_file);
-    while (!s.token.empty() && std::isspace(static_cast<unsigned char>(s.token.back()))) s.token.pop_back();
-  }
-  if (s.token.empty()) raise(ErrorKind::Config, "{}: the run token is empty", c.where("token_file"));
+  auto s = sync_detail::read_credential_files(c, [&c](const std::string& key) { return c.where(key); }, "");
   s.run_id = c.run;
   return s;
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <limits>
 #include <thread>
@@ -222,14 +223,16 @@ struct SyncEngine::Impl {
     }
   }
 
-  // The observer's round: every averaged slice from its aggregator and every expert from its
-  // owner, then the merge warm-up if due — the same result the members end the round with.
-  SyncRoundReport observe_round(std::uint64_t round, std::int64_t step) {
-    const auto t0 = Clock::now();
-    const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
+  struct Gathered {
+    std::vector<Fetched> averaged, experts;  // per peer; not ok where not fetched
+  };
+  // Step 3 of a round: the averaged slice of every peer `wanted` picks from that aggregator and
+  // its experts (if it owns any), all fetched in parallel.
+  Gathered gather_round(std::uint64_t round, Clock::time_point deadline, const std::function<bool(int)>& wanted) {
     const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
     std::vector<std::future<Fetched>> avg_calls(static_cast<std::size_t>(n)), expert_calls(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j) {
+      if (!wanted(j)) continue;
       avg_calls[j] = std::async(std::launch::async, [&, j] {
         return fetch(j, round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(j), slices[j], se, deadline);
       });
@@ -238,29 +241,43 @@ struct SyncEngine::Impl {
           return fetch(j, round, spes::v1::EXPERTS, 0, peer_experts[j], ee, deadline);
         });
     }
-    std::vector<Fetched> averaged(static_cast<std::size_t>(n)), experts(static_cast<std::size_t>(n));
+    Gathered out{std::vector<Fetched>(static_cast<std::size_t>(n)), std::vector<Fetched>(static_cast<std::size_t>(n))};
+    for (int j = 0; j < n; ++j) {
+      if (avg_calls[j].valid()) out.averaged[j] = avg_calls[j].get();
+      if (expert_calls[j].valid()) out.experts[j] = expert_calls[j].get();
+    }
+    return out;
+  }
+
+  // Step 4's end: the merge warm-up, when one is due at `step`.
+  void merge_if_due(SyncRoundReport& report, std::int64_t step) {
+    if (!merge_due(config.merge, step)) return;
+    report.merged = true;
+    report.merge_alpha = merge_alpha(config.merge, step);
+    merge_experts(params, report.merge_alpha, config.merge.top_k);
+  }
+
+  // The observer's round: every averaged slice from its aggregator and every expert from its
+  // owner, then the merge warm-up if due — the same result the members end the round with.
+  SyncRoundReport observe_round(std::uint64_t round, std::int64_t step) {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
+    Gathered got = gather_round(round, deadline, [](int) { return true; });
     std::string failed;
     for (int j = 0; j < n; ++j) {
-      averaged[j] = avg_calls[j].get();
-      if (!averaged[j].ok) failed += fmt::format(" node {}: averaged slice: {};", label(j), averaged[j].reason);
-      if (expert_calls[j].valid()) {
-        experts[j] = expert_calls[j].get();
-        if (!experts[j].ok) failed += fmt::format(" node {}: experts: {};", label(j), experts[j].reason);
-      }
+      if (!got.averaged[j].ok) failed += fmt::format(" node {}: averaged slice: {};", label(j), got.averaged[j].reason);
+      if (!peer_experts[j].empty() && !got.experts[j].ok)
+        failed += fmt::format(" node {}: experts: {};", label(j), got.experts[j].reason);
     }
     if (!failed.empty()) raise(ErrorKind::Peer, "could not catch up at round {}:{}", round, failed);
     for (int j = 0; j < n; ++j) {
-      scatter(params, slices[j], averaged[j].values.data());
-      if (experts[j].ok) scatter(params, peer_experts[j], experts[j].values.data());
+      scatter(params, slices[j], got.averaged[j].values.data());
+      if (got.experts[j].ok) scatter(params, peer_experts[j], got.experts[j].values.data());
     }
     SyncRoundReport report;
     report.round = round;
     report.step = step;
-    if (merge_due(config.merge, step)) {
-      report.merged = true;
-      report.merge_alpha = merge_alpha(config.merge, step);
-      merge_experts(params, report.merge_alpha, config.merge.top_k);
-    }
+    merge_if_due(report, step);
     report.bytes_in = bytes_in.load();
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return report;
@@ -324,26 +341,11 @@ struct SyncEngine::Impl {
     raw.clear();
 
     // 3. Gather averaged slices and other owners' experts.
-    std::vector<std::future<Fetched>> avg_calls(static_cast<std::size_t>(n)), expert_calls(static_cast<std::size_t>(n));
+    auto [averaged, experts] = gather_round(round, deadline, [&](int j) { return j != self && failure[j].empty(); });
     for (int j = 0; j < n; ++j) {
       if (j == self || !failure[j].empty()) continue;
-      avg_calls[j] = std::async(std::launch::async, [&, j] {
-        return fetch(j, round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(j), slices[j], se, deadline);
-      });
-      if (!peer_experts[j].empty())
-        expert_calls[j] = std::async(std::launch::async, [&, j] {
-          return fetch(j, round, spes::v1::EXPERTS, 0, peer_experts[j], ee, deadline);
-        });
-    }
-    std::vector<Fetched> averaged(static_cast<std::size_t>(n)), experts(static_cast<std::size_t>(n));
-    for (int j = 0; j < n; ++j) {
-      if (j == self || !failure[j].empty()) continue;
-      averaged[j] = avg_calls[j].get();
       if (!averaged[j].ok) failure[j] = "averaged slice: " + averaged[j].reason;
-      if (expert_calls[j].valid()) {
-        experts[j] = expert_calls[j].get();
-        if (!experts[j].ok && failure[j].empty()) failure[j] = "experts: " + experts[j].reason;
-      }
+      else if (!peer_experts[j].empty() && !experts[j].ok) failure[j] = "experts: " + experts[j].reason;
     }
     // A slice whose aggregator failed: average it here from the raw copies of the peers that
     // answered, in node-id order (every surviving node computes the same).
@@ -380,11 +382,7 @@ struct SyncEngine::Impl {
       scatter(params, slices[j], averaged[j].values.data());
       if (experts[j].ok) scatter(params, peer_experts[j], experts[j].values.data());
     }
-    if (merge_due(config.merge, step)) {
-      report.merged = true;
-      report.merge_alpha = merge_alpha(config.merge, step);
-      merge_experts(params, report.merge_alpha, config.merge.top_k);
-    }
+    merge_if_due(report, step);
     if (keeps_baseline) {
       snapshot_baseline();
       baseline_ready = true;

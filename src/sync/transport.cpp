@@ -13,14 +13,6 @@
 namespace spes::sync_detail {
 namespace {
 
-std::string read_config_file(const Config& c, const std::string& key, const std::string& path) {
-  try {
-    return read_file(path);
-  } catch (const Error& e) {
-    raise(ErrorKind::Config, "{}: cannot read '{}': {}", c.where(key), path, e.what());
-  }
-}
-
 std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   std::size_t i = 0;
@@ -43,16 +35,29 @@ bool has_token(const grpc::ServerContext& context, const std::string& token) {
   return it != metadata.end() && same_token(token, std::string_view(it->second.data(), it->second.size()));
 }
 
-TransportSettings transport_settings(const Config& c) {
+TransportSettings read_credential_files(const Credentials& c, const std::function<std::string(const std::string&)>& where,
+                                        const std::string& prefix) {
+  auto read = [&](const std::string& key, const std::string& path) {
+    try {
+      return read_file(path);
+    } catch (const Error& e) {
+      raise(ErrorKind::Config, "{}: cannot read '{}': {}", where(prefix + key), path, e.what());
+    }
+  };
   TransportSettings s;
-  s.insecure = c.sync.insecure;
-  if (!c.sync.insecure) {
-    s.ca_pem = read_config_file(c, "sync.tls.ca", c.sync.tls_ca);
-    s.cert_pem = read_config_file(c, "sync.tls.cert", c.sync.tls_cert);
-    s.key_pem = read_config_file(c, "sync.tls.key", c.sync.tls_key);
+  s.insecure = c.insecure;
+  if (!c.insecure) {
+    s.ca_pem = read("tls.ca", c.tls_ca);
+    s.cert_pem = read("tls.cert", c.tls_cert);
+    s.key_pem = read("tls.key", c.tls_key);
   }
-  s.token = c.sync.token.empty() ? trim(read_config_file(c, "sync.token_file", c.sync.token_file)) : c.sync.token;
-  if (s.token.empty()) raise(ErrorKind::Config, "{}: the run token is empty", c.where("sync.token_file"));
+  s.token = c.token.empty() ? trim(read("token_file", c.token_file)) : c.token;
+  if (s.token.empty()) raise(ErrorKind::Config, "{}: the run token is empty", where(prefix + "token_file"));
+  return s;
+}
+
+TransportSettings transport_settings(const Config& c) {
+  TransportSettings s = read_credential_files(c.sync, [&c](const std::string& key) { return c.where(key); }, "sync.");
   s.run_id = c.sync.effective_run_id(c.run);
   s.node_id = c.run.node_id;
   s.n_nodes = static_cast<int>(c.sync.peers.size());

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,7 +36,11 @@ bool same_token(const std::string& a, std::string_view b);
 // True when the call carries `token` in the kTokenHeader metadata.
 bool has_token(const grpc::ServerContext& context, const std::string& token);
 
-// Reads the run token and the TLS files named in the config (Error(Config) naming the file).
+// Reads the TLS files and the run token (a token file's text trimmed) of `c`: Error(Config)
+// naming the file and, through `where`, the key (prefix + "tls.ca", prefix + "token_file", ...).
+TransportSettings read_credential_files(const Credentials& c, const std::function<std::string(const std::string&)>& where,
+                                        const std::string& prefix);
+// The node's settings: its credentials (keys under sync.), run id, node and peer count.
 TransportSettings transport_settings(const Config& config);
 
 std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportSettings& s);

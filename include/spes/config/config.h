@@ -95,15 +95,20 @@ struct PeerConfig {
   std::vector<int> experts;   // experts it owns (same indices in every layer)
 };
 
-struct SyncConfig {
-  std::int64_t every = 0;             // H: optimizer steps between rounds; 0 = no sync (one node)
-  std::vector<PeerConfig> peers;      // every node of the run, this one included
-  std::string listen;                 // bind address; empty = this node's peer address
-  std::string run_id;                 // empty = run.name; checked on every message
+// The run token and TLS files (or the explicit insecure opt-out), as a node config's `sync:`
+// section and a cluster file both write them: what every gRPC call of a run is checked against.
+struct Credentials {
   std::string token;                  // run token sent and checked on every call
   std::string token_file;             // ... or read from this file
   bool insecure = false;              // plaintext without TLS: only when said explicitly
   std::string tls_ca, tls_cert, tls_key;  // PEM files: CA, this node's certificate and key
+};
+
+struct SyncConfig : Credentials {
+  std::int64_t every = 0;             // H: optimizer steps between rounds; 0 = no sync (one node)
+  std::vector<PeerConfig> peers;      // every node of the run, this one included
+  std::string listen;                 // bind address; empty = this node's peer address
+  std::string run_id;                 // empty = run.name; checked on every message
   WireEncoding shared_encoding = WireEncoding::Fp32;
   WireEncoding expert_encoding = WireEncoding::Fp32;
   std::int64_t chunk_bytes = 4 << 20;  // payload bytes per streamed message

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "spes/config/config.h"
+
 namespace spes {
 
 enum class AssignmentStrategy { Contiguous, RoundRobin, Explicit };
@@ -36,13 +38,10 @@ struct CoordinatorSettings {
   std::string state;          // state file; empty = out_dir/coordinator/state.json
 };
 
-struct ClusterConfig {
+struct ClusterConfig : Credentials {  // the run's token and TLS files, shared by every node
   std::string run;
   std::string config;  // base training config
   std::string out_dir;
-  std::string token, token_file;
-  bool insecure = false;
-  std::string tls_ca, tls_cert, tls_key;
   AssignmentStrategy assignment = AssignmentStrategy::Contiguous;
   int replication = 1;                      // owners per expert (only 1 is supported)
   std::int64_t experts_per_layer = 0;       // 0 = take model.n_experts from the base config

@@ -12,28 +12,8 @@ set -uo pipefail
 SPES=$1
 SRC=$2
 DATA=$3
-TMP=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  [[ -n "${KEEP_TMP:-}" ]] && echo "kept $TMP" || rm -rf "$TMP"
-}
-trap cleanup EXIT
-export OPENBLAS_NUM_THREADS=1
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 cd "$SRC" || exit 2
-
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
 
 # write_cluster NAME STEPS: a 3-node cluster file for the tiny config in $TMP/NAME.
 write_cluster() {

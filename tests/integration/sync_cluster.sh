@@ -11,27 +11,7 @@ SPES=$1
 CHECK=$2
 SRC=$3
 DATA=$4
-TMP=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  [[ -n "${KEEP_TMP:-}" ]] && echo "kept $TMP" || rm -rf "$TMP"
-}
-trap cleanup EXIT
-export OPENBLAS_NUM_THREADS=1  # four processes share two cores
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
+source "$(dirname "$0")/lib.sh"
 
 TINY=$SRC/configs/tiny.yaml
 COMMON=(--set "data.dir=$DATA/tiny" --set train.eval_every=0 --set train.log_every=10

@@ -6,7 +6,8 @@
 #      period; the coordinator itself is killed and restarted; the node comes back, catches up
 #      from the others' round, gets experts again; all three finish with identical weights;
 #   G. SIGTERM to a node: it finishes its step, leaves cleanly and exits 0;
-#   H. bad input: port in use (nothing started), malformed cluster file, unknown node id.
+#   H. bad input: port in use (nothing started), malformed cluster file, unknown node id;
+#   I. Ctrl-C (SIGINT) to launch-local mid-run: every process it started exits, no port stays bound.
 # usage: coordinator_cluster.sh SPES SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 SPES=$1
@@ -152,6 +153,21 @@ out=$("$SPES" node -c "$TMP/h/plan/node0.yaml" --set run.node_id=3 --set coordin
 kill "$coord"; wait "$coord" 2>/dev/null
 [[ $rc -ne 0 && "$out" == *"node 3 is not in the cluster file"* ]] && echo "ok   H: unknown node id refused" ||
   fail "H: unknown node: rc $rc: $out"
+
+# ---- I: Ctrl-C to launch-local ----
+write_cluster i 5000
+"$SPES" launch-local "$TMP/i/cluster.yaml" --refresh 1 --no-plot > "$TMP/i/launch.log" 2>&1 &
+launcher=$!; pids+=($launcher)
+wait_for "$TMP/i/launch.log" "step .*/5000" 300 || fail "I: no progress"
+sleep 1
+kill -INT "$launcher"
+wait "$launcher"; rc=$?
+left=$(pgrep -f "$TMP/i/" | tr '\n' ' ')
+bound=$(for p in $(grep -o "127.0.0.1:[0-9]*" "$TMP/i/cluster.yaml" | cut -d: -f2); do
+  python3 -c "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',$p))" 2>/dev/null || echo "$p"; done | tr '\n' ' ')
+[[ $rc -ne 0 && -z "$left" && -z "$bound" ]] && grep -q "every process it started has exited" "$TMP/i/launch.log" &&
+  echo "ok   I: Ctrl-C: launch-local stopped every process it started (exit $rc), no port left bound" ||
+  fail "I: Ctrl-C: rc $rc, processes left: '$left', ports bound: '$bound'"
 
 if [[ $failures -ne 0 ]]; then
   for f in "$TMP"/*/node*.log "$TMP"/*/coord*.log; do echo "== $f"; tail -4 "$f"; done

@@ -256,9 +256,12 @@ class NodeDaemon {
     if (MetricsLog* m = trainer_.metrics()) {
       nlohmann::json skipped = nlohmann::json::array();
       for (const auto& k : r.skipped) skipped.push_back({{"peer", k.peer}, {"reason", k.reason}});
+      nlohmann::json by_peer = nlohmann::json::object();
+      for (const auto& b : r.by_peer)
+        by_peer[std::to_string(b.peer)] = {{"in", b.in}, {"out_total", b.out_total}};
       m->write_line(nlohmann::json{{"type", "sync"}, {"round", r.round}, {"step", r.step}, {"seconds", r.seconds},
                                    {"bytes_in", r.bytes_in}, {"bytes_out_total", bytes_out_ + r.bytes_out},
-                                   {"skipped", skipped}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
+                                   {"skipped", skipped}, {"by_peer", by_peer}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
                                    {"plan", plan_.version}, {"members", plan_.members.size()}}
                         .dump());
     }

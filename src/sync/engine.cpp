@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <limits>
@@ -55,13 +56,16 @@ struct SyncEngine::Impl {
   std::vector<std::vector<ParamRange>> slices;          // shared slice k
   std::vector<std::vector<ParamRange>> peer_experts;    // experts owned by peer j (all layers)
   bool keeps_baseline = false;                          // int8_delta somewhere
-  bool baseline_ready = false;                          // a round has set `synced` on every node
   std::vector<std::vector<float>> synced;               // per parameter: last synced values
+  // int8 deltas: the round whose result `synced` holds for shared slice k / peer j's experts;
+  // 0 = none, or not the same as everyone's (a missed round): such parts travel in fp32.
+  std::vector<std::uint64_t> base_slice, base_experts;
   std::vector<float> residual_experts, residual_average;
   std::vector<std::vector<float>> residual_raw;         // per slice
   std::vector<bool> suspect;                            // skipped last round: no retries
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
+  std::unique_ptr<std::atomic<std::uint64_t>[]> peer_bytes_in;  // per peer, this round
 
   Impl(const Config& c, ParamSet p, SyncMembership m)
       : config(c), params(std::move(p)), membership(std::move(m)), store(membership.first_round) {
@@ -83,7 +87,10 @@ struct SyncEngine::Impl {
     keeps_baseline = config.sync.shared_encoding == WireEncoding::Int8Delta ||
                      config.sync.expert_encoding == WireEncoding::Int8Delta;
     if (keeps_baseline) snapshot_baseline();
+    base_slice.assign(static_cast<std::size_t>(n), 0);
+    base_experts.assign(static_cast<std::size_t>(n), 0);
     suspect.assign(static_cast<std::size_t>(n), false);
+    peer_bytes_in = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(n));
     skips.assign(static_cast<std::size_t>(n), 0);
     auto credentials = channel_credentials(transport);
     for (int j = 0; j < n; ++j) {
@@ -141,13 +148,33 @@ struct SyncEngine::Impl {
   }
 
   // Encodes values (flat over ranges) into a stream; `decoded` gets what receivers will see.
+  // `base_round`: the round whose result the baseline of these ranges holds. Without one (0),
+  // int8 deltas go out as fp32; with one, the stream can also build its fp32 twin for callers
+  // whose copy is from another round.
   StreamPtr encode(const StreamHeader& h, const std::vector<ParamRange>& ranges, WireEncoding e,
-                   const std::vector<float>& values, std::vector<float>* residual, std::vector<float>& decoded) const {
+                   const std::vector<float>& values, std::vector<float>* residual, std::vector<float>& decoded,
+                   std::uint64_t base_round) const {
+    if (e == WireEncoding::Int8Delta && base_round == 0) e = WireEncoding::Fp32;
     const auto baseline = baseline_values(ranges, e);
     decoded.assign(values.size(), 0.0f);
-    return build_stream(h, params, ranges, e, values.data(), baseline.empty() ? nullptr : baseline.data(),
-                        residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
-                        decoded.data());
+    auto stream = build_stream(h, params, ranges, e, values.data(), baseline.empty() ? nullptr : baseline.data(),
+                               residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
+                               decoded.data());
+    if (e == WireEncoding::Int8Delta) {
+      stream->base_round = base_round;
+      stream->make_full = [this, h, ranges, values = decoded]() -> StreamPtr {
+        std::vector<float> same(values.size());
+        return build_stream(h, params, ranges, WireEncoding::Fp32, values.data(), nullptr, nullptr,
+                            config.sync.chunk_bytes, same.data());
+      };
+    }
+    return stream;
+  }
+
+  // Our baseline round for a part we fetch: slice k's, or peer j's experts.
+  std::uint64_t base_of(spes::v1::Part part, int peer, std::uint32_t slice) const {
+    if (!keeps_baseline) return 0;
+    return part == spes::v1::EXPERTS ? base_experts[peer] : base_slice[slice];
   }
 
   Fetched fetch(int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
@@ -175,6 +202,7 @@ struct SyncEngine::Impl {
       request.set_slice(slice);
       request.set_requester(static_cast<std::uint32_t>(config.run.node_id));
       request.set_plan(transport.plan);
+      request.set_baseline_round(base_of(part, peer, slice));
       StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
                               model_values(ranges), max_rel_change);
       auto reader = stubs[peer]->Fetch(&context, request);
@@ -182,6 +210,7 @@ struct SyncEngine::Impl {
       std::string invalid;
       while (reader->Read(&chunk)) {
         bytes_in += chunk.ByteSizeLong();
+        peer_bytes_in[peer] += chunk.ByteSizeLong();
         try {
           receiver.add(chunk);
         } catch (const Error& err) {
@@ -283,17 +312,40 @@ struct SyncEngine::Impl {
     return report;
   }
 
+  void keep_as_baseline(const std::vector<ParamRange>& ranges) {
+    for (const auto& r : ranges)
+      std::memcpy(synced[r.param].data() + r.offset, params[r.param].data + r.offset, static_cast<std::size_t>(r.count) * 4);
+  }
+
+  // After round r: the parts that now hold round r's common result become the baseline, with
+  // base round r. A slice averaged locally may differ from what others hold (base 0); experts
+  // not fetched keep their older baseline and base round — unless a merge mixed them into
+  // every expert, which then differs from the others' (base 0).
+  void update_baseline(std::uint64_t round, const std::vector<bool>& from_aggregator,
+                       const std::vector<Fetched>& experts, bool merged) {
+    bool experts_missing = false;
+    for (int j = 0; j < n; ++j) {
+      keep_as_baseline(slices[j]);
+      base_slice[j] = from_aggregator[j] ? round : 0;
+      if (j == self || experts[j].ok) {
+        keep_as_baseline(peer_experts[j]);
+        base_experts[j] = round;
+      } else if (!peer_experts[j].empty()) {
+        experts_missing = true;
+      }
+    }
+    if (merged && experts_missing) std::fill(base_experts.begin(), base_experts.end(), 0);
+  }
+
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
     if (observer) return observe_round(round, step);
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
+    // A peer that never answers must not use up the whole round: the reduce step gets half.
+    const auto reduce_deadline = t0 + (deadline - t0) / 2;
     const std::uint64_t in0 = bytes_in.load();
-    // int8 deltas need a baseline every node shares: the first round sends fp32 instead.
-    auto on_wire = [this](WireEncoding e) {
-      return e == WireEncoding::Int8Delta && !baseline_ready ? WireEncoding::Fp32 : e;
-    };
+    for (int j = 0; j < n; ++j) peer_bytes_in[j] = 0;
     const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
-    const WireEncoding se_out = on_wire(se), ee_out = on_wire(ee);
     SyncRoundReport report;
     report.round = round;
     report.step = step;
@@ -301,14 +353,14 @@ struct SyncEngine::Impl {
 
     // 1. Publish snapshot r.
     std::vector<float> own_experts;
-    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), peer_experts[self], ee_out,
-                                 model_values(peer_experts[self]), &residual_experts, own_experts);
+    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), peer_experts[self], ee,
+                                 model_values(peer_experts[self]), &residual_experts, own_experts, base_experts[self]);
     std::vector<std::vector<float>> own_raw(static_cast<std::size_t>(n));
     std::vector<StreamPtr> raw_streams;
     for (int k = 0; k < n; ++k)
       raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self), slices[k],
-                                   se_out, model_values(slices[k]), residual_raw.empty() ? nullptr : &residual_raw[k],
-                                   own_raw[k]));
+                                   se, model_values(slices[k]), residual_raw.empty() ? nullptr : &residual_raw[k],
+                                   own_raw[k], base_slice[k]));
     store.publish(round, experts_stream, std::move(raw_streams));
 
     // 2. Reduce this node's slice.
@@ -316,7 +368,8 @@ struct SyncEngine::Impl {
     for (int j = 0; j < n; ++j)
       if (j != self)
         raw_calls[j] = std::async(std::launch::async, [&, j] {
-          return fetch(j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(self), slices[self], se, deadline);
+          return fetch(j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(self), slices[self], se,
+                       reduce_deadline);
         });
     std::vector<Fetched> raw(static_cast<std::size_t>(n));
     std::vector<const std::vector<float>*> parts;
@@ -336,8 +389,9 @@ struct SyncEngine::Impl {
       }
     }
     std::vector<float> own_average;
-    store.publish_average(round, encode(avg_header, slices[self], se_out, fp32_mean(parts),
-                                        residual_average.empty() ? nullptr : &residual_average, own_average));
+    store.publish_average(round, encode(avg_header, slices[self], se, fp32_mean(parts),
+                                        residual_average.empty() ? nullptr : &residual_average, own_average,
+                                        base_slice[self]));
     raw.clear();
 
     // 3. Gather averaged slices and other owners' experts.
@@ -349,6 +403,8 @@ struct SyncEngine::Impl {
     }
     // A slice whose aggregator failed: average it here from the raw copies of the peers that
     // answered, in node-id order (every surviving node computes the same).
+    std::vector<bool> from_aggregator(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) from_aggregator[k] = k == self || averaged[k].ok;
     for (int k = 0; k < n; ++k) {
       if (k == self || averaged[k].ok) continue;
       std::vector<std::future<Fetched>> calls(static_cast<std::size_t>(n));
@@ -383,10 +439,7 @@ struct SyncEngine::Impl {
       if (experts[j].ok) scatter(params, peer_experts[j], experts[j].values.data());
     }
     merge_if_due(report, step);
-    if (keeps_baseline) {
-      snapshot_baseline();
-      baseline_ready = true;
-    }
+    if (keeps_baseline) update_baseline(round, from_aggregator, experts, report.merged);
 
     for (int j = 0; j < n; ++j) {
       suspect[j] = !failure[j].empty();
@@ -398,6 +451,12 @@ struct SyncEngine::Impl {
     }
     report.bytes_in = bytes_in.load() - in0;
     report.bytes_out = server->bytes_sent();
+    const auto sent_to = server->bytes_sent_by_requester();
+    for (int j = 0; j < n; ++j) {
+      if (j == self) continue;
+      auto it = sent_to.find(static_cast<std::uint32_t>(label(j)));
+      report.by_peer.push_back({label(j), peer_bytes_in[j].load(), it == sent_to.end() ? 0 : it->second});
+    }
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return report;
   }

@@ -70,7 +70,7 @@ void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, cons
   }
 }
 
-StreamPtr build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
+std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding encoding, const float* values, const float* baseline, float* residual,
                        std::int64_t chunk_bytes, float* decoded) {
   auto stream = std::make_shared<Stream>();

@@ -33,7 +33,7 @@ struct StreamHeader {
 // Encodes `values` (flat over `ranges`) into chunks of at most chunk_bytes of payload.
 // baseline: flat last-synced values (int8_delta only); residual: flat error-feedback state, or
 // null for none; decoded: receives what receivers will reconstruct.
-StreamPtr build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
+std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding encoding, const float* values, const float* baseline, float* residual,
                        std::int64_t chunk_bytes, float* decoded);
 

@@ -2,6 +2,12 @@
 
 namespace spes::sync_detail {
 
+StreamPtr stream_for(const StreamPtr& stream, std::uint64_t caller_base_round) {
+  if (!stream->make_full || (caller_base_round != 0 && caller_base_round == stream->base_round)) return stream;
+  std::call_once(stream->full_once, [&] { stream->full = stream->make_full(); });
+  return stream->full;
+}
+
 void RoundStore::publish(std::uint64_t round, StreamPtr experts, std::vector<StreamPtr> raw_slices) {
   {
     std::lock_guard lock(mutex_);

@@ -21,8 +21,18 @@ namespace spes::sync_detail {
 struct Stream {
   std::vector<spes::v1::TensorChunk> chunks;
   std::size_t bytes = 0;  // serialized size of all chunks
+  // int8_delta streams: the round whose result the deltas are against, and how to build the
+  // same values in fp32 for a caller whose copy is from another round (built on first demand).
+  std::uint64_t base_round = 0;
+  std::function<std::shared_ptr<const Stream>()> make_full;
+  mutable std::once_flag full_once;
+  mutable std::shared_ptr<const Stream> full;
 };
 using StreamPtr = std::shared_ptr<const Stream>;
+
+// What to send a caller whose copy of the part is from `caller_base_round`: the stream itself,
+// or (a delta stream against another round) its fp32 twin.
+StreamPtr stream_for(const StreamPtr& stream, std::uint64_t caller_base_round);
 
 // One stream served in full: who fetched it (their node id), which part, which slice.
 using ServedKey = std::tuple<std::uint32_t, spes::v1::Part, std::uint32_t>;

@@ -147,10 +147,19 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       case RoundStore::Lookup::Closed: return grpc::Status(grpc::StatusCode::UNAVAILABLE, "node is shutting down");
       case RoundStore::Lookup::Cancelled: return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     }
+    stream = stream_for(stream, request->baseline_round());
+    std::uint64_t sent = 0;
     for (const auto& chunk : stream->chunks) {
-      if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-      owner_.bytes_sent_ += chunk.ByteSizeLong();
+      const bool written = writer->Write(chunk);
+      if (written) sent += chunk.ByteSizeLong();
+      if (!written) break;
     }
+    owner_.bytes_sent_ += sent;
+    {
+      std::lock_guard lock(owner_.sent_mutex_);
+      owner_.sent_to_[request->requester()] += sent;
+    }
+    if (sent < stream->bytes) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     owner_.store_.count_served(request->round(), {request->requester(), part, request->slice()});
     return grpc::Status::OK;
   }
@@ -163,6 +172,11 @@ SyncServer::SyncServer(TransportSettings settings, RoundStore& store)
     : settings_(std::move(settings)), store_(store), service_(std::make_unique<Service>(*this)) {}
 
 SyncServer::~SyncServer() { stop(); }
+
+std::map<std::uint32_t, std::uint64_t> SyncServer::bytes_sent_by_requester() const {
+  std::lock_guard lock(sent_mutex_);
+  return sent_to_;
+}
 
 void SyncServer::start(const std::string& listen_address) {
   grpc::EnableDefaultHealthCheckService(true);

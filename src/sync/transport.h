@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 
@@ -58,6 +60,8 @@ class SyncServer {
   int port() const { return port_; }
   std::uint64_t bytes_sent() const { return bytes_sent_.load(); }
   std::uint64_t calls_refused() const { return refused_.load(); }
+  // Payload bytes sent so far, per requesting node id.
+  std::map<std::uint32_t, std::uint64_t> bytes_sent_by_requester() const;
 
  private:
   class Service;
@@ -67,6 +71,8 @@ class SyncServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<std::uint64_t> bytes_sent_{0}, refused_{0};
+  mutable std::mutex sent_mutex_;
+  std::map<std::uint32_t, std::uint64_t> sent_to_;
 };
 
 }  // namespace spes::sync_detail

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <thread>
@@ -27,24 +28,30 @@ struct Cluster {
   std::vector<std::unique_ptr<SyncEngine>> engines;  // null for nodes not started
   std::vector<std::vector<std::vector<float>>> before;
 
-  Cluster(int n, const std::string& extra = kInsecure, std::vector<bool> started = {}) {
+  Cluster(int n, const std::string& extra = kInsecure, std::vector<bool> started = {}, double round_timeout_s = 20) {
     for (int i = 0; i < n; ++i) ports.push_back(test::free_port());
     for (int i = 0; i < n; ++i) {
       models.push_back(std::make_unique<FakeModel>(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab,
                                                    100 + i));
       const bool start = started.empty() || started[i];
-      engines.push_back(start ? std::make_unique<SyncEngine>(config(i, extra), models[i]->params) : nullptr);
+      Config cfg = config(i, extra);
+      cfg.sync.round_timeout_s = round_timeout_s;
+      engines.push_back(start ? std::make_unique<SyncEngine>(cfg, models[i]->params) : nullptr);
     }
   }
   Config config(int i, const std::string& extra) const {
     return parse_config(test::node_yaml(i, ports, extra), fmt::format("node{}.yaml", i));
   }
-  std::vector<SyncRoundReport> round(std::uint64_t r, std::int64_t step = 1) {
+  // Runs round r on every started node, or only on those in `only` (the others miss it).
+  std::vector<SyncRoundReport> round(std::uint64_t r, std::int64_t step = 1, std::vector<int> only = {}) {
     before.clear();
     for (auto& m : models) before.push_back(m->values());
     std::vector<std::future<SyncRoundReport>> calls;
-    for (auto& e : engines)
+    for (std::size_t i = 0; i < engines.size(); ++i) {
+      auto& e = engines[i];
+      if (!only.empty() && std::find(only.begin(), only.end(), static_cast<int>(i)) == only.end()) continue;
       if (e) calls.push_back(std::async(std::launch::async, [&e, r, step] { return e->run_round(r, step); }));
+    }
     std::vector<SyncRoundReport> out;
     for (auto& c : calls) out.push_back(c.get());
     return out;
@@ -81,6 +88,15 @@ TEST(SyncEngine, FourNodesHoldTheSpesResultBitForBit) {
     for (int i = 0; i < 4; ++i) {
       EXPECT_TRUE(reports[i].skipped.empty());
       EXPECT_EQ(c.models[i]->values(), want) << "node " << i << " round " << r;
+      // Per-peer bytes: one entry per other node, summing to the round's total, none empty.
+      ASSERT_EQ(reports[i].by_peer.size(), 3u);
+      std::uint64_t sum = 0;
+      for (const auto& b : reports[i].by_peer) {
+        EXPECT_NE(b.peer, i);
+        EXPECT_GT(b.in, 0u);
+        sum += b.in;
+      }
+      EXPECT_EQ(sum, reports[i].bytes_in);
     }
     c.perturb(0.01f);
   }
@@ -109,6 +125,33 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
       EXPECT_LT(worst, 0.02) << enc << " round " << r;  // values ~1: a bf16 ulp is 2^-7
     }
   }
+}
+
+// int8 deltas are against the last round's weights; a node that missed a round holds other
+// ones. Its next round travels in fp32 (both ways, only where the copies differ) and every node
+// ends it bit-identical with the SPES result again — nothing is rejected, nobody skipped.
+TEST(SyncEngine, NodeThatMissedARoundCatchesUpUnderInt8Deltas) {
+  Cluster c(4, fmt::format("{}  encoding: {{shared: int8_delta, experts: int8_delta}}\n", kInsecure), {}, 2.0);
+  for (std::uint64_t r = 1; r <= 2; ++r) {
+    c.perturb(0.01f);
+    for (const auto& rep : c.round(r)) EXPECT_TRUE(rep.skipped.empty()) << "round " << r;
+  }
+  c.perturb(0.01f);
+  auto missed = c.round(3, 1, {0, 1, 2});  // node 3 misses round 3
+  for (const auto& rep : missed) ASSERT_EQ(rep.skipped.size(), 1u);
+  c.perturb(0.01f);
+  auto back = c.round(4);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(back[i].skipped.empty()) << "node " << i << ": " << back[i].skipped[0].reason;
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << "node " << i;
+  // Node 3 got fp32 from everyone (4 bytes a value instead of ~1): far more bytes than node 0,
+  // which only got node 3's raw copy of its slice in fp32.
+  EXPECT_GT(back[3].bytes_in, 2 * back[0].bytes_in);
+  // And the round after is int8 everywhere again.
+  c.perturb(0.01f);
+  auto next = c.round(5);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(next[i].skipped.empty());
+  EXPECT_LT(next[3].bytes_in, back[3].bytes_in / 2);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << "node " << i;
 }
 
 TEST(SyncEngine, OneNodeChangesNothing) {

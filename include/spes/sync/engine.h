@@ -27,6 +27,12 @@ struct PeerSkip {
   std::string reason;
 };
 
+struct PeerBytes {
+  int peer = 0;                 // node id
+  std::uint64_t in = 0;         // payload bytes received from it this round
+  std::uint64_t out_total = 0;  // payload bytes this node's service has sent it so far
+};
+
 struct SyncRoundReport {
   std::uint64_t round = 0;
   std::int64_t step = 0;
@@ -34,6 +40,7 @@ struct SyncRoundReport {
   std::uint64_t bytes_in = 0;     // payload bytes this node received this round
   std::uint64_t bytes_out = 0;    // payload bytes its service has sent so far (all rounds)
   std::vector<PeerSkip> skipped;  // peers skipped this round and why
+  std::vector<PeerBytes> by_peer; // every other member
   bool merged = false;
   double merge_alpha = 0;
 };

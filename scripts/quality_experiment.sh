@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The quality experiment of docs/benchmarks.md: `small`, equal total tokens, four runs —
+#   central        1 node, all experts, batch 4 × 8 (what the 4 nodes see together)
+#   spes-warmup    4 nodes × batch 8, SPES sync every 20 steps (fp32), merge warm-up
+#   spes-nowarmup  the same without the merge warm-up (merge.alpha 0)
+#   spes-int8      the same as spes-warmup with int8 deltas (error feedback) on the wire
+# then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
+# About 40 minutes on 2 cores. usage: scripts/quality_experiment.sh [STEPS]   (default 200)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-200}
+OUT=runs/quality
+SPES=./build/spes
+[[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
+mkdir -p "$OUT/curves"
+export OPENBLAS_NUM_THREADS=1
+
+central() {
+  OPENBLAS_NUM_THREADS=2 "$SPES" train -c configs/small.yaml --set "train.steps=$STEPS" --set train.eval_every=25 \
+    --set schedule.warmup_steps=20 --set train.batch_size=32 --set run.threads=2 --set "run.out_dir=$OUT/central" \
+    > "$OUT/central.log" 2>&1
+  mkdir -p "$OUT/curves/central" && cp "$OUT/central/metrics.jsonl" "$OUT/curves/central/"
+}
+
+# spes NAME BASE_PORT EXTRA_SET_LINES
+spes() {
+  local name=$1 port=$2 extra=$3
+  mkdir -p "$OUT/$name"
+  cat > "$OUT/$name/cluster.yaml" <<YAML
+run: quality-$name
+config: configs/small.yaml
+out_dir: $OUT/$name/run
+token_file: $OUT/$name/token
+insecure: true
+assignment: contiguous
+set:
+  train.steps: $STEPS
+  train.eval_every: 25
+  schedule.warmup_steps: 20
+  sync.every: 20
+  sync.peer_wait_s: 60
+  merge.every: 40
+  merge.horizon: 160
+$extra
+coordinator: {address: 127.0.0.1:$port, heartbeat_s: 2, dead_after_s: 60, grace_s: 60}
+nodes:
+  - {id: 0, address: 127.0.0.1:$((port + 1))}
+  - {id: 1, address: 127.0.0.1:$((port + 2))}
+  - {id: 2, address: 127.0.0.1:$((port + 3))}
+  - {id: 3, address: 127.0.0.1:$((port + 4))}
+YAML
+  "$SPES" launch-local "$OUT/$name/cluster.yaml" --refresh 60 --no-plot > "$OUT/$name.log" 2>&1
+  mkdir -p "$OUT/curves/$name" && cp "$OUT/$name/run/node0/metrics.jsonl" "$OUT/curves/$name/"
+}
+
+t0=$(date +%s)
+echo "central ..."; central
+echo "spes-warmup ..."; spes spes-warmup 7320 "  merge.alpha: 0.01"
+echo "spes-nowarmup ..."; spes spes-nowarmup 7330 "  merge.alpha: 0"
+echo "spes-int8 ..."; spes spes-int8 7340 "  merge.alpha: 0.01
+  sync.encoding.shared: int8_delta
+  sync.encoding.experts: int8_delta"
+echo "all runs done in $(( $(date +%s) - t0 )) s"
+
+python3 - "$OUT/curves" <<'PY'
+import json, os, sys
+root = sys.argv[1]
+names = ["central", "spes-warmup", "spes-nowarmup", "spes-int8"]
+curves = {}
+for n in names:
+    pts = {}
+    for line in open(os.path.join(root, n, "metrics.jsonl")):
+        r = json.loads(line)
+        if r.get("type") == "eval":
+            pts[r["step"]] = r["val_loss"]
+    curves[n] = pts
+steps = sorted(set.intersection(*(set(c) for c in curves.values())))
+print("validation loss (same validation tokens for every run)")
+print("step  " + "".join(f"{n:>15}" for n in names))
+for s in steps:
+    print(f"{s:<6}" + "".join(f"{curves[n][s]:>15.4f}" for n in names))
+last = steps[-1]
+c = curves["central"][last]
+print(f"\nfinal (step {last}):")
+for n in names[1:]:
+    v = curves[n][last]
+    print(f"  {n:<14} {v:.4f}  vs central {100 * (v - c) / c:+.2f}%")
+w = curves["spes-warmup"][last]
+print(f"  int8 vs fp32 sync (both with warm-up): {100 * (curves['spes-int8'][last] - w) / w:+.2f}%")
+PY
+bash scripts/plot_loss.sh "$OUT"/curves/{central,spes-warmup,spes-nowarmup,spes-int8}/metrics.jsonl "$OUT/quality.png"
+echo "plot: $OUT/quality.png"

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Round time and link use of SPES sync on a rate-limited link: two `spes node` processes training
+# `small`, each in its own network namespace, joined by a veth pair shaped with tc (tbf) to RATE
+# in each direction. Per round it prints the bytes each node received, the round's time and the
+# share of the link rate those bytes used. Needs root (ip netns, tc). Cleans up namespaces and
+# processes on exit. Writes runs/link-bench/.
+# Latency: tc netem where the kernel has it, else scripts/delay_proxy.py in front of each node's
+# sync service (DELAY_MS each way, so RTT = 2 × DELAY_MS).
+# usage: sudo scripts/link_bench.sh [RATE_MBIT] [STEPS] [DELAY_MS]   (default 100 Mbit/s, 40 steps, 20 ms)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATE=${1:-100}
+STEPS=${2:-40}
+DELAY=${3:-20}
+OUT=runs/link-bench
+SPES=$PWD/build/spes
+[[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
+[[ $(id -u) -eq 0 ]] || { echo "link_bench needs root for ip netns and tc" >&2; exit 2; }
+NS=(spes_lb0 spes_lb1)
+IP=(10.77.0.1 10.77.0.2)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+cleanup
+
+for i in 0 1; do ip netns add "${NS[$i]}"; done
+ip link add lb0 type veth peer name lb1
+for i in 0 1; do
+  ip link set "lb$i" netns "${NS[$i]}"
+  ip -n "${NS[$i]}" addr add "${IP[$i]}/24" dev "lb$i"
+  ip -n "${NS[$i]}" link set "lb$i" up
+  ip -n "${NS[$i]}" link set lo up
+  # Egress shaping on both ends: RATE in each direction of the full-duplex link.
+  ip netns exec "${NS[$i]}" tc qdisc add dev "lb$i" root tbf rate "${RATE}mbit" burst 64kb latency 50ms
+done
+use_proxy=1
+if ip netns exec "${NS[0]}" tc qdisc replace dev lb0 root netem delay "${DELAY}ms" rate "${RATE}mbit" 2>/dev/null &&
+   ip netns exec "${NS[1]}" tc qdisc replace dev lb1 root netem delay "${DELAY}ms" rate "${RATE}mbit" 2>/dev/null; then
+  use_proxy=0
+  latency_note="netem: ${DELAY} ms each way"
+else
+  latency_note="${DELAY} ms each way by scripts/delay_proxy.py (this kernel has no sch_netem)"
+fi
+[[ $DELAY == 0 ]] && use_proxy=0 && latency_note="no added latency"
+
+rm -rf "$OUT" && mkdir -p "$OUT"
+echo "link-bench-$$" > "$OUT/token"
+# Each node's service listens on :7400; peers dial :7401, the delay proxy in front of it (or
+# :7400 directly with netem).
+port=7400
+if [[ $use_proxy == 1 ]]; then
+  port=7401
+  for i in 0 1; do
+    ip netns exec "${NS[$i]}" python3 scripts/delay_proxy.py "${IP[$i]}:7401" "127.0.0.1:7400" "$DELAY" \
+      > "$OUT/proxy$i.log" 2>&1 &
+    pids+=($!)
+  done
+fi
+peers="[{id: 0, address: '${IP[0]}:$port'}, {id: 1, address: '${IP[1]}:$port'}]"
+export OPENBLAS_NUM_THREADS=1
+nodes=()
+for i in 0 1; do
+  ip netns exec "${NS[$i]}" "$SPES" node -c configs/small.yaml --set run.node_id=$i --set "run.out_dir=$OUT/node$i" \
+    --set "train.steps=$STEPS" --set train.eval_every=0 --set train.log_every=10 --set sync.every=5 \
+    --set "sync.peers=$peers" --set "sync.token_file=$OUT/token" --set sync.insecure=true --set merge.alpha=0 --set sync.listen=0.0.0.0:7400 \
+    > "$OUT/node$i.log" 2>&1 &
+  pids+=($!)
+  nodes+=($!)
+done
+for p in "${nodes[@]}"; do wait "$p" || { echo "a node failed:"; tail -5 "$OUT"/node*.log; exit 1; }; done
+
+echo "link: ${RATE} Mbit/s each direction, ${latency_note}"
+python3 - "$OUT" "$RATE" <<'PY'
+import json, sys
+out, rate = sys.argv[1], float(sys.argv[2]) * 1e6 / 8
+rows = {}
+for i in (0, 1):
+    for line in open(f"{out}/node{i}/metrics.jsonl"):
+        r = json.loads(line)
+        if r.get("type") == "sync":
+            rows.setdefault(r["round"], {})[i] = r
+print(f"{'round':>5} {'node':>4} {'MiB in':>8} {'seconds':>8} {'link use':>9}")
+uses = []
+for rnd in sorted(rows):
+    for i, r in sorted(rows[rnd].items()):
+        use = r["bytes_in"] / r["seconds"] / rate if r["seconds"] > 0 else 0
+        if rnd > 1:
+            uses.append(use)
+        print(f"{rnd:>5} {i:>4} {r['bytes_in'] / 2**20:>8.2f} {r['seconds']:>8.2f} {100 * use:>8.1f}%")
+if uses:
+    print(f"link use over rounds 2..: mean {100 * sum(uses) / len(uses):.1f}%, min {100 * min(uses):.1f}% "
+          f"(round 1 includes start-up skew)")
+PY

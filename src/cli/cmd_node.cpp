@@ -19,6 +19,7 @@
 #include "spes/data/prepare.h"
 #include "spes/sync/engine.h"
 #include "spes/sync/model_params.h"
+#include "spes/train/checkpoint.h"
 #include "spes/train/trainer.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
@@ -128,6 +129,7 @@ class NodeDaemon {
 
   void run() {
     const int me = config_.run.node_id;
+    if (auto resumed = resume_from_config(trainer_)) round_ = resumed->sync_round;
     std::uint64_t catch_up_round = 0;
     if (!config_.coordinator.address.empty()) {
       coordinator_ = std::make_unique<CoordinatorClient>(config_);
@@ -162,8 +164,8 @@ class NodeDaemon {
       heartbeat_->stop(last, true);
     }
     if (trainer_.stopped_early()) {
-      spdlog::warn("node {} stopped by signal {} at step {} after {} rounds; left the round cleanly", me, stop_signal(),
-                   trainer_.step_count(), round_);
+      spdlog::warn("node {} stopped by signal {} at step {} after {} rounds; left the round cleanly; wrote {}", me,
+                   stop_signal(), trainer_.step_count(), round_, write_shard(trainer_, round_));
       return;
     }
     spdlog::info("node {} done: {} rounds, {} in, {} out, {} peer skips; final validation loss {:.4f} (ppl {:.2f})", me,
@@ -184,7 +186,7 @@ class NodeDaemon {
   // The sync engine for plan_: its members as peers, its observers waited for in finish().
   std::unique_ptr<SyncEngine> make_engine() {
     return std::make_unique<SyncEngine>(engine_config(config_, plan_), params_,
-                                        SyncMembership{plan_.version, std::max<std::uint64_t>(plan_.effective_round, 1),
+                                        SyncMembership{plan_.version, std::max(plan_.effective_round, round_ + 1),
                                                        plan_.observers});
   }
 
@@ -237,12 +239,16 @@ class NodeDaemon {
         p.tokens_per_s = s.tokens_per_s;
         p.peak_rss_bytes = s.peak_rss;
       });
-    if (s.step % config_.sync.every != 0 && s.step != config_.train.steps) return;
+    if (s.step % config_.sync.every != 0 && s.step != config_.train.steps) {
+      checkpoint_if_due(trainer_, round_);
+      return;
+    }
     ++round_;
     if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_pre.safetensors", dump_dir_, round_));
     SyncRoundReport r = engine_->run_round(round_, s.step);
     if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_post.safetensors", dump_dir_, round_));
     log_round(r);
+    checkpoint_if_due(trainer_, round_);  // after the round: a shard resumes at a round boundary
     if (coordinator_ && s.step != config_.train.steps) {
       auto next = plan_for(round_ + 1);
       if (next && next->version != plan_.version) switch_plan(*next);
@@ -309,7 +315,12 @@ void add_node_command(CLI::App& app) {
   auto* node = app.add_subcommand("node", "run one node of a SPES cluster: trainer + sync service (+ coordinator client)");
   auto options = std::make_shared<ConfigOptions>();
   add_config_options(*node, *options);
-  node->callback([options] { run_node(*options); });
+  auto resume = std::make_shared<bool>(false);
+  node->add_flag("--resume", *resume, "continue from the newest usable checkpoint shard (checkpoint.resume: auto)");
+  node->callback([options, resume] {
+    if (*resume) options->overrides.push_back("checkpoint.resume=auto");
+    run_node(*options);
+  });
 }
 
 }  // namespace spes::cli

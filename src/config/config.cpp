@@ -295,6 +295,17 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   check_credentials(r, c, /*files_exist=*/true);
 }
 
+void read_checkpoint(MapReader r, CheckpointConfig& c) {
+  r.get("every", c.every);
+  r.get("keep", c.keep);
+  r.get("dir", c.dir);
+  r.get("resume", c.resume);
+  r.get("allow_mismatch", c.allow_mismatch);
+  r.finish();
+  if (c.every < 0) r.fail("every", "must be >= 0 (0 = only on SIGTERM)");
+  if (c.keep < 1) r.fail("keep", "must be >= 1");
+}
+
 void read_coordinator(MapReader r, CoordinatorClientConfig& c) {
   r.get("address", c.address);
   r.get("heartbeat_s", c.heartbeat_s);
@@ -347,6 +358,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   read_sync(top.section("sync"), c.sync, c.model, source_name, &c.key_lines);
   read_merge(top.section("merge"), c.merge);
   read_coordinator(top.section("coordinator"), c.coordinator);
+  read_checkpoint(top.section("checkpoint"), c.checkpoint);
   top.finish();
   if (!c.coordinator.address.empty() && !c.sync.enabled())
     raise(ErrorKind::Config, "{}: a coordinator needs sync (sync.every and sync.peers)", c.where("coordinator.address"));

@@ -59,7 +59,8 @@ Trainer::Trainer(Config config, TrainerOptions options)
   if (options_.measure_peak) peak_flops_ = measure_matmul_peak_flops();
   if (options_.write_outputs) {
     ensure_directory(config_.run.out_dir);
-    metrics_.emplace(config_.run.out_dir + "/metrics.jsonl", /*append=*/false);
+    // A resumed run adds to the metrics of the run it continues.
+    metrics_.emplace(config_.run.out_dir + "/metrics.jsonl", /*append=*/!config_.checkpoint.resume.empty());
   }
 }
 

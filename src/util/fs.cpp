@@ -63,6 +63,12 @@ void write_file_atomic(const fs::path& path, std::string_view data) {
   fsync_path(path.has_parent_path() ? path.parent_path() : fs::path("."), O_RDONLY | O_DIRECTORY);
 }
 
+void rename_durably(const fs::path& from, const fs::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    raise(ErrorKind::Io, "cannot rename '{}' to '{}': {}", from.string(), to.string(), std::strerror(errno));
+  fsync_path(to.has_parent_path() ? to.parent_path() : fs::path("."), O_RDONLY | O_DIRECTORY);
+}
+
 void ensure_directory(const fs::path& path) {
   std::error_code ec;
   fs::create_directories(path, ec);

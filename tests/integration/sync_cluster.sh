@@ -4,7 +4,9 @@
 #      result computed independently from their pre-round dumps (sync_check);
 #   B. 4 nodes, int8 deltas + merge warm-up: bit-identical after every round;
 #   C. 1 node with sync equals `spes train` bit for bit (every loss of every step);
-#   D. a node killed mid-run: the other three skip it and finish.
+#   D. a node killed mid-run: the other three skip it and finish;
+#   E. 2 nodes killed (SIGKILL) after their step-20 shards, resumed from them: the weights after
+#      the last round are bit-identical to an uninterrupted run's.
 # usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 SPES=$1
@@ -96,6 +98,26 @@ for i in 0 1 2; do
   grep -q "node $i done: 4 rounds" "$TMP/d/node$i.log" || fail "D: node $i did not finish its 4 rounds"
 done
 [[ $failures -eq 0 ]] && echo "ok   D: killed node skipped, the other three finished"
+
+# ---- E: 2-node exact resume at a round boundary ----
+start_cluster e_full 2 100 10 --set merge.alpha=0
+wait_cluster e_full
+start_cluster e 2 100 10 --set merge.alpha=0 --set checkpoint.every=20 --set checkpoint.keep=10
+for _ in $(seq 1 600); do
+  [[ -f $TMP/e/node0/checkpoints/step-00000020/manifest.json && -f $TMP/e/node1/checkpoints/step-00000020/manifest.json ]] && break
+  sleep 0.1
+done
+for p in "${node_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+for p in "${node_pids[@]}"; do wait "$p" 2>/dev/null; done
+rm -f "$TMP"/e/dump/node*/round10_post.safetensors
+start_cluster e 2 100 10 --set merge.alpha=0 --set checkpoint.every=20 --set checkpoint.keep=10 \
+  --set checkpoint.resume=step-00000020
+wait_cluster e
+grep -q "resumed from .*step-00000020 at step 20 (sync round 2)" "$TMP/e/node0.log" || fail "E: node 0 did not resume at step 20"
+same=1
+for i in 0 1; do cmp -s "$TMP/e_full/dump/node$i/round10_post.safetensors" "$TMP/e/dump/node$i/round10_post.safetensors" || same=0; done
+[[ $same -eq 1 ]] && echo "ok   E: 2 nodes killed and resumed from step 20: bit-identical to the uninterrupted run after round 10" ||
+  fail "E: resumed run differs from the uninterrupted one"
 
 if [[ $failures -ne 0 ]]; then
   for f in "$TMP"/*/node*.log; do echo "== $f"; tail -3 "$f"; done

@@ -137,6 +137,16 @@ struct CoordinatorClientConfig {
   double wait_s = 30;       // how long a round start waits for an unreachable coordinator
 };
 
+// Per-node checkpoint shards (docs/checkpoint-format.md).
+struct CheckpointConfig {
+  std::int64_t every = 0;       // write a shard every this many steps (0 = never; SIGTERM still writes one)
+  int keep = 3;                 // complete shards kept; older ones are deleted
+  std::string dir;              // empty = run.out_dir/checkpoints
+  std::string resume;           // "" = start fresh; "auto" = newest usable shard in dir; a shard folder or its name in dir
+  bool allow_mismatch = false;  // resume from a shard whose config or ownership differs
+  std::string effective_dir(const RunConfig& run) const { return dir.empty() ? run.out_dir + "/checkpoints" : dir; }
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -148,6 +158,7 @@ struct Config {
   SyncConfig sync;
   MergeConfig merge;
   CoordinatorClientConfig coordinator;
+  CheckpointConfig checkpoint;
 
   std::string source;                     // the file it came from
   std::map<std::string, int> key_lines;   // "model.d_model" -> line in `source`

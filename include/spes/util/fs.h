@@ -14,6 +14,8 @@ std::string read_file(const std::filesystem::path& path);
 // Writes `data` to path.tmp, fsyncs it, renames it over `path` and fsyncs the directory.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data);
 void ensure_directory(const std::filesystem::path& path);
+// Renames a file or folder (same filesystem) and fsyncs the parent, so the rename survives a crash.
+void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to);
 
 // A read-only memory map of a whole file. Movable, not copyable. Thread-safe for reads.
 class MappedFile {

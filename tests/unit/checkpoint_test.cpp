@@ -1,0 +1,134 @@
+// Checkpoint shards on the tiny config: exact resume, corrupt and partial shards, config refusal.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "spes/train/checkpoint.h"
+#include "spes/train/trainer.h"
+#include "spes/util/error.h"
+#include "torch_helpers.h"
+
+namespace spes {
+namespace {
+namespace fs = std::filesystem;
+
+TrainerOptions quiet() {
+  TrainerOptions o;
+  o.write_outputs = false;
+  o.measure_peak = false;
+  o.progress = false;
+  return o;
+}
+
+struct ScratchDir {
+  fs::path path = fs::temp_directory_path() / ("spes-ckpt-test-" + std::to_string(::getpid()));
+  ScratchDir() { fs::remove_all(path); }
+  ~ScratchDir() { fs::remove_all(path); }
+};
+
+Config config_in(const ScratchDir& d, std::vector<std::string> extra = {}) {
+  extra.push_back("train.steps=24");
+  extra.push_back("checkpoint.dir=" + d.path.string());
+  extra.push_back("checkpoint.keep=2");
+  return test::tiny_config(extra);
+}
+
+std::vector<torch::Tensor> weights(Trainer& t) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : t.model()->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// 20 steps, shard, 4 more in a new trainer: the same losses and bits as 24 uninterrupted steps
+// (past the warm-up, with experts that got no tokens in a step).
+TEST(Checkpoint, ResumeIsExact) {
+  ScratchDir dir;
+  const Config c = config_in(dir, {"train.owned_experts=[0, 2]"});  // frozen experts too
+  Trainer whole(c, quiet());
+  std::vector<double> want;
+  for (int i = 0; i < 24; ++i) want.push_back(whole.step().loss);
+
+  {
+    Trainer first(c, quiet());
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(first.step().loss, want[i]);
+    write_shard(first, 7);
+  }
+  Config resumed_config = c;
+  resumed_config.checkpoint.resume = "auto";
+  Trainer second(resumed_config, quiet());
+  auto info = resume_from_config(second);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->step, 20);
+  EXPECT_EQ(info->sync_round, 7u);
+  EXPECT_EQ(second.step_count(), 20);
+  for (int i = 20; i < 24; ++i) EXPECT_EQ(second.step().loss, want[i]) << "step " << i + 1;
+  auto a = weights(whole), b = weights(second);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
+// A corrupt newest shard is reported and the previous one used; a folder without a manifest
+// (a crash mid-write) is never taken; only the newest `keep` shards stay.
+TEST(Checkpoint, CorruptOrPartialShardFallsBackToThePreviousOne) {
+  ScratchDir dir;
+  const Config c = config_in(dir);
+  Trainer t(c, quiet());
+  for (int s = 1; s <= 3; ++s) {
+    t.step();
+    write_shard(t, 0);
+  }
+  EXPECT_EQ(list_shards(dir.path.string()), (std::vector<std::string>{"step-00000002", "step-00000003"}));
+  {  // flip one byte near the end of the newest shard's weights
+    std::fstream f(dir.path / "step-00000003" / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    f.seekp(-5, std::ios::end);
+    byte ^= 0x5a;
+    f.write(&byte, 1);
+  }
+  try {
+    read_shard((dir.path / "step-00000003").string());
+    ADD_FAILURE() << "corrupt shard read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Checkpoint);
+    EXPECT_NE(std::string(e.what()).find("fails its checksum"), std::string::npos) << e.what();
+  }
+  fs::create_directories(dir.path / "step-00000009");  // partial: no manifest
+  auto shard = newest_shard(dir.path.string());
+  ASSERT_TRUE(shard);
+  EXPECT_EQ(shard->info.step, 2);
+  fs::remove(dir.path / "step-00000002" / "optimizer.safetensors");
+  EXPECT_FALSE(newest_shard(dir.path.string()));
+}
+
+// A shard of another configuration is refused with the differences, unless asked for.
+TEST(Checkpoint, OtherConfigIsRefusedUnlessAllowed) {
+  ScratchDir dir;
+  {
+    Trainer t(config_in(dir), quiet());
+    t.step();
+    write_shard(t, 0);
+  }
+  Config other = config_in(dir, {"optim.lr=0.123", "train.owned_experts=[1]"});
+  other.checkpoint.resume = "auto";
+  Trainer t(other, quiet());
+  try {
+    resume_from_config(t);
+    ADD_FAILURE() << "resumed from another config";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::Checkpoint);
+    EXPECT_NE(msg.find("optim.lr: shard"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("owned experts: shard"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(t.step_count(), 0);
+  other.checkpoint.allow_mismatch = true;
+  Trainer allowed(other, quiet());
+  ASSERT_TRUE(resume_from_config(allowed));
+  EXPECT_EQ(allowed.step_count(), 1);
+}
+
+}  // namespace
+}  // namespace spes

@@ -1,5 +1,6 @@
 #include "spes/util/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -52,6 +53,7 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
   }
   const std::size_t data_start = 8 + len;
   std::map<std::string, LoadedTensor> out;
+  std::size_t data_end = 0;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     try {
@@ -67,11 +69,15 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
         raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has bad data offsets", path, it.key());
       t.values.resize(static_cast<std::size_t>(n));
       std::memcpy(t.values.data(), file.data() + data_start + off[0], off[1] - off[0]);
+      data_end = std::max(data_end, off[1]);
       out.emplace(it.key(), std::move(t));
     } catch (const nlohmann::json::exception& e) {
       raise(ErrorKind::Checkpoint, "'{}': tensor '{}': {}", path, it.key(), e.what());
     }
   }
+  if (data_start + data_end != file.size())
+    raise(ErrorKind::Checkpoint, "'{}' has {} bytes after its last tensor (truncated or appended to?)", path,
+          file.size() - data_start - data_end);
   return out;
 }
 

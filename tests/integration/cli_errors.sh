@@ -66,6 +66,17 @@ else
   echo "ok   metrics"
 fi
 
-passed=$(( 15 - failures ))
+# Checkpoints as a user meets them: --resume continues, inspect verifies, a corrupt shard is named,
+# a changed config is refused with the difference.
+CK=(--set train.steps=6 --set train.eval_every=0 --set checkpoint.every=2 --set "checkpoint.dir=$TMP/ck")
+expect ckpt-write 0 "checkpoint: wrote $TMP/ck/step-00000006" -- "$SPES" train -c "$TINY" "${COMMON[@]}" "${CK[@]}"
+expect ckpt-inspect 0 "node 0, step 6, sync round 0" -- "$SPES" ckpt inspect "$TMP/ck/step-00000006"
+expect ckpt-resume 0 "resumed from $TMP/ck/step-00000006 at step 6" -- "$SPES" train -c "$TINY" "${COMMON[@]}" "${CK[@]}" --resume
+expect ckpt-refuse 5 "train.batch_size: shard 8, config 4" -- "$SPES" train -c "$TINY" "${COMMON[@]}" "${CK[@]}" --resume \
+  --set train.batch_size=4
+printf 'garbage' >> "$TMP/ck/step-00000006/optimizer.safetensors"
+expect ckpt-corrupt 5 "step-00000006: BROKEN" -- "$SPES" ckpt inspect "$TMP/ck"
+
+passed=$(( 20 - failures ))
 echo "$passed passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -5,7 +5,7 @@
 #   F. a node killed (SIGKILL) mid-run: the coordinator reassigns its experts after the grace
 #      period; the coordinator itself is killed and restarted; the node comes back, catches up
 #      from the others' round, gets experts again; all three finish with identical weights;
-#   G. SIGTERM to a node: it finishes its step, leaves cleanly and exits 0;
+#   G. SIGTERM to a node: it finishes its step, leaves cleanly, writes a checkpoint shard, exits 0;
 #   H. bad input: port in use (nothing started), malformed cluster file, unknown node id;
 #   I. Ctrl-C (SIGINT) to launch-local mid-run: every process it started exits, no port stays bound.
 # usage: coordinator_cluster.sh SPES SOURCE_DIR TEST_DATA_DIR
@@ -128,7 +128,8 @@ victim=$!; pids+=($victim)
 wait_for "$TMP/g/node.log" "sync  round   1" || fail "G: no round 1"
 kill -TERM "$victim"
 wait "$victim"; rc=$?
-[[ $rc -eq 0 ]] && grep -q "stopped by signal 15" "$TMP/g/node.log" && echo "ok   G: SIGTERM: clean stop, exit 0" ||
+[[ $rc -eq 0 ]] && grep -q "stopped by signal 15.*wrote .*/checkpoints/step-" "$TMP/g/node.log" &&
+  echo "ok   G: SIGTERM: clean stop, checkpoint shard written, exit 0" ||
   fail "G: SIGTERM gave exit $rc"
 
 # ---- H: bad input ----

@@ -10,12 +10,6 @@
 namespace spes::cli {
 namespace {
 
-std::string experts_text(const std::vector<int>& experts) {
-  std::string out;
-  for (int e : experts) out += (out.empty() ? "" : ",") + std::to_string(e);
-  return out.empty() ? "none" : out;
-}
-
 void print_shard(const Shard& s) {
   const ShardInfo& i = s.info;
   std::printf("%s: verified (%zu tensors, %s)\n", i.path.c_str(), s.model.size() + s.optimizer.size(),
@@ -24,7 +18,7 @@ void print_shard(const Shard& s) {
               static_cast<long long>(i.step), static_cast<unsigned long long>(i.sync_round),
               static_cast<unsigned long long>(i.loader.epoch), static_cast<unsigned long long>(i.loader.cursor));
   std::printf("  owned experts: %s; weights: %zu tensors; AdamW moments: %zu tensors; config hash %s\n",
-              experts_text(i.owned_experts).c_str(), s.model.size(), s.optimizer.size(), i.config_hash.c_str());
+              format_list(i.owned_experts).c_str(), s.model.size(), s.optimizer.size(), i.config_hash.c_str());
 }
 
 }  // namespace

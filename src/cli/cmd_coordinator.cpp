@@ -17,12 +17,6 @@
 namespace spes::cli {
 namespace {
 
-std::string join_ints(const std::vector<int>& values) {
-  std::string out;
-  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
-  return out.empty() ? "-" : out;
-}
-
 void run_plan(const std::string& cluster_path, const std::string& out) {
   ClusterConfig cluster = load_cluster(cluster_path);
   PlanFiles files = write_plan(cluster, out);
@@ -73,7 +67,7 @@ void print_cluster_status(const ClusterStatus& s) {
     const char* state = !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "wait" : "dead";
     const std::string ago = p.last_sync_unix_s > 0 ? format_duration(now - p.last_sync_unix_s) + " ago" : "-";
     std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %8.4f %10s %10s %9s %9s\n", n.id, n.address.c_str(), state,
-                join_ints(p.experts).c_str(), static_cast<long long>(p.step), static_cast<unsigned long long>(p.round),
+                format_list(p.experts, "-").c_str(), static_cast<long long>(p.step), static_cast<unsigned long long>(p.round),
                 p.loss, ago.c_str(), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
                 format_count(p.tokens_per_s).c_str(), format_bytes(static_cast<double>(p.peak_rss_bytes)).c_str());
   }

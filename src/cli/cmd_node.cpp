@@ -45,12 +45,6 @@ std::string skipped_text(const SyncRoundReport& r) {
   return out;
 }
 
-std::string ints_text(const std::vector<int>& values) {
-  std::string out;
-  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
-  return out.empty() ? "none" : out;
-}
-
 // The plan that static sync.peers describe (no coordinator).
 MembershipPlan static_plan(const Config& c) {
   MembershipPlan plan;
@@ -199,7 +193,7 @@ class NodeDaemon {
     auto added = trainer_.set_owned_experts(mine->experts);
     if (log_changes && !added.empty())
       spdlog::warn("node {} now trains experts {} as well, from their last synced weights; their AdamW moments start "
-                   "at zero", config_.run.node_id, ints_text(added));
+                   "at zero", config_.run.node_id, format_list(added));
     if (heartbeat_) heartbeat_->update([&](NodeProgress& p) { p.experts = mine->experts; });
   }
 

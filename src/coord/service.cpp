@@ -14,6 +14,7 @@
 #include "proto_convert.h"
 #include "spes/coord/coordinator.h"
 #include "spes/util/error.h"
+#include "spes/util/progress.h"
 #include "spes/util/fs.h"
 #include "spes/util/signals.h"
 #include "spes/v1/coordinator.grpc.pb.h"
@@ -25,12 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kStartupAllowanceS = 120;
 using json = nlohmann::json;
-
-std::string expert_text(const std::vector<int>& experts) {
-  std::string out;
-  for (int e : experts) out += (out.empty() ? "" : ",") + std::to_string(e);
-  return out.empty() ? "none" : out;
-}
 
 json plan_json(const MembershipPlan& p) {
   json members = json::array();
@@ -140,8 +135,8 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     plans.push_back(next);
     save_state();
     std::string table;
-    for (const auto& m : next.members) table += fmt::format(" node {}: {};", m.id, expert_text(m.experts));
-    if (!observers.empty()) table += fmt::format(" catching up: {}", expert_text(observers));
+    for (const auto& m : next.members) table += fmt::format(" node {}: {};", m.id, format_list(m.experts));
+    if (!observers.empty()) table += fmt::format(" catching up: {}", format_list(observers));
     spdlog::warn("coordinator: plan {} from round {} ({}):{}", next.version, next.effective_round, why, table);
     changed.notify_all();
   }
@@ -287,7 +282,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
         st.alive = false;
         st.dead_since = now;
         spdlog::warn("coordinator: node {} silent for {:.0f} s: marked dead (experts {} reassigned after {:.0f} s more)",
-                     m.id, cluster.coordinator.dead_after_s, expert_text(m.experts), cluster.coordinator.grace_s);
+                     m.id, cluster.coordinator.dead_after_s, format_list(m.experts), cluster.coordinator.grace_s);
       }
       if (!st.alive && now - st.dead_since >= grace) removed.push_back(m.id);
       else live.push_back(m.id);

@@ -13,6 +13,7 @@
 
 #include "spes/train/trainer.h"
 #include "spes/util/error.h"
+#include "spes/util/progress.h"
 #include "spes/util/fs.h"
 
 namespace spes {
@@ -33,12 +34,6 @@ std::uint32_t crc_of(const float* data, std::size_t count) {
 std::string text(double v) { return fmt::format("{}", v); }
 std::string text(std::int64_t v) { return std::to_string(v); }
 std::string text(bool v) { return v ? "true" : "false"; }
-
-std::string list_text(const std::vector<int>& v) {
-  std::string out;
-  for (int e : v) out += (out.empty() ? "" : ",") + std::to_string(e);
-  return out.empty() ? "none" : out;
-}
 
 torch::optim::AdamWParamState* adam_state(torch::optim::AdamW& optimizer, const torch::Tensor& p) {
   auto& states = optimizer.state();
@@ -275,8 +270,8 @@ std::vector<std::string> shard_differences(const ShardInfo& shard, const Config&
     if (had != value) out.push_back(fmt::format("{}: shard {}, config {}", key, had, value));
   }
   if (shard.owned_experts != config.owned_expert_list())
-    out.push_back(fmt::format("owned experts: shard {}, config {}", list_text(shard.owned_experts),
-                              list_text(config.owned_expert_list())));
+    out.push_back(fmt::format("owned experts: shard {}, config {}", format_list(shard.owned_experts),
+                              format_list(config.owned_expert_list())));
   return out;
 }
 

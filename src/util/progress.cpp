@@ -33,4 +33,10 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
+std::string format_list(const std::vector<int>& values, const char* empty) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out.empty() ? empty : out;
+}
+
 }  // namespace spes

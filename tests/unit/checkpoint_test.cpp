@@ -13,14 +13,6 @@ namespace spes {
 namespace {
 namespace fs = std::filesystem;
 
-TrainerOptions quiet() {
-  TrainerOptions o;
-  o.write_outputs = false;
-  o.measure_peak = false;
-  o.progress = false;
-  return o;
-}
-
 struct ScratchDir {
   fs::path path = fs::temp_directory_path() / ("spes-ckpt-test-" + std::to_string(::getpid()));
   ScratchDir() { fs::remove_all(path); }
@@ -45,18 +37,18 @@ std::vector<torch::Tensor> weights(Trainer& t) {
 TEST(Checkpoint, ResumeIsExact) {
   ScratchDir dir;
   const Config c = config_in(dir, {"train.owned_experts=[0, 2]"});  // frozen experts too
-  Trainer whole(c, quiet());
+  Trainer whole(c, test::quiet());
   std::vector<double> want;
   for (int i = 0; i < 24; ++i) want.push_back(whole.step().loss);
 
   {
-    Trainer first(c, quiet());
+    Trainer first(c, test::quiet());
     for (int i = 0; i < 20; ++i) EXPECT_EQ(first.step().loss, want[i]);
     write_shard(first, 7);
   }
   Config resumed_config = c;
   resumed_config.checkpoint.resume = "auto";
-  Trainer second(resumed_config, quiet());
+  Trainer second(resumed_config, test::quiet());
   auto info = resume_from_config(second);
   ASSERT_TRUE(info);
   EXPECT_EQ(info->step, 20);
@@ -73,7 +65,7 @@ TEST(Checkpoint, ResumeIsExact) {
 TEST(Checkpoint, CorruptOrPartialShardFallsBackToThePreviousOne) {
   ScratchDir dir;
   const Config c = config_in(dir);
-  Trainer t(c, quiet());
+  Trainer t(c, test::quiet());
   for (int s = 1; s <= 3; ++s) {
     t.step();
     write_shard(t, 0);
@@ -107,13 +99,13 @@ TEST(Checkpoint, CorruptOrPartialShardFallsBackToThePreviousOne) {
 TEST(Checkpoint, OtherConfigIsRefusedUnlessAllowed) {
   ScratchDir dir;
   {
-    Trainer t(config_in(dir), quiet());
+    Trainer t(config_in(dir), test::quiet());
     t.step();
     write_shard(t, 0);
   }
   Config other = config_in(dir, {"optim.lr=0.123", "train.owned_experts=[1]"});
   other.checkpoint.resume = "auto";
-  Trainer t(other, quiet());
+  Trainer t(other, test::quiet());
   try {
     resume_from_config(t);
     ADD_FAILURE() << "resumed from another config";
@@ -125,7 +117,7 @@ TEST(Checkpoint, OtherConfigIsRefusedUnlessAllowed) {
   }
   EXPECT_EQ(t.step_count(), 0);
   other.checkpoint.allow_mismatch = true;
-  Trainer allowed(other, quiet());
+  Trainer allowed(other, test::quiet());
   ASSERT_TRUE(resume_from_config(allowed));
   EXPECT_EQ(allowed.step_count(), 1);
 }

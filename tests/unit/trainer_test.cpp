@@ -10,17 +10,9 @@
 namespace spes {
 namespace {
 
-TrainerOptions quiet() {
-  TrainerOptions o;
-  o.write_outputs = false;
-  o.measure_peak = false;
-  o.progress = false;
-  return o;
-}
-
 TEST(Trainer, LossFallsOnTheBrownCorpus) {
   Config c = test::tiny_config({"train.steps=150"});
-  Trainer trainer(c, quiet());
+  Trainer trainer(c, test::quiet());
   const double val_before = trainer.evaluate().loss;
   std::vector<double> ce;
   for (int i = 0; i < 150; ++i) ce.push_back(trainer.step().ce);
@@ -35,7 +27,7 @@ TEST(Trainer, LossFallsOnTheBrownCorpus) {
 
 TEST(Trainer, SameSeedGivesBitIdenticalLossesAndWeights) {
   Config c = test::tiny_config({"train.steps=20"});
-  Trainer a(c, quiet()), b(c, quiet());
+  Trainer a(c, test::quiet()), b(c, test::quiet());
   for (int i = 0; i < 6; ++i) {
     StepStats sa = a.step(), sb = b.step();
     EXPECT_EQ(sa.loss, sb.loss) << i;
@@ -45,14 +37,14 @@ TEST(Trainer, SameSeedGivesBitIdenticalLossesAndWeights) {
   for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 
   Config other_node = test::tiny_config({"train.steps=20", "run.node_id=1"});
-  Trainer n1(other_node, quiet());
-  Trainer n0(c, quiet());
+  Trainer n1(other_node, test::quiet());
+  Trainer n0(c, test::quiet());
   EXPECT_NE(n1.step().loss, n0.step().loss);  // same weights, other batch
 }
 
 TEST(Trainer, FrozenExpertsStayBitIdenticalAndHoldNoState) {
   Config c = test::tiny_config({"train.steps=40", "train.owned_experts=[2, 5]"});
-  Trainer trainer(c, quiet());
+  Trainer trainer(c, test::quiet());
   auto& model = trainer.model();
   std::map<std::string, torch::Tensor> before;
   for (const auto& p : model->named_parameters()) before[p.key()] = p.value().clone();
@@ -88,7 +80,7 @@ TEST(Trainer, GradAccumulationAveragesMicroBatches) {
   // Two micro-batches of 4 give the same first-step gradient as one batch of 8 windows.
   Config one = test::tiny_config({"train.batch_size=8", "optim.grad_clip=0"});
   Config two = test::tiny_config({"train.batch_size=4", "train.grad_accum=2", "optim.grad_clip=0"});
-  Trainer a(one, quiet()), b(two, quiet());
+  Trainer a(one, test::quiet()), b(two, test::quiet());
   StepStats sa = a.step(), sb = b.step();
   EXPECT_NEAR(sa.ce, sb.ce, 1e-5);
   EXPECT_NEAR(sa.grad_norm, sb.grad_norm, 1e-4 * sa.grad_norm);
@@ -97,7 +89,7 @@ TEST(Trainer, GradAccumulationAveragesMicroBatches) {
 
 TEST(Trainer, LearningRateFollowsTheSchedule) {
   Config c = test::tiny_config({"train.steps=30", "schedule.warmup_steps=10", "optim.lr=1e-2"});
-  Trainer t(c, quiet());
+  Trainer t(c, test::quiet());
   EXPECT_DOUBLE_EQ(t.step().lr, 1e-3);
   for (int i = 1; i < 10; ++i) t.step();
   EXPECT_DOUBLE_EQ(t.step().lr, 1e-2);
@@ -107,7 +99,7 @@ TEST(Trainer, LearningRateFollowsTheSchedule) {
 TEST(Trainer, ShardFromAnotherVocabularyIsRefused) {
   Config c = test::tiny_config({"model.vocab_size=256"});
   try {
-    Trainer t(c, quiet());
+    Trainer t(c, test::quiet());
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Data);

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   spes::cli::add_launch_command(app);
   spes::cli::add_model_commands(app);
   spes::cli::add_ckpt_commands(app);
+  spes::cli::add_eval_commands(app);
   spes::cli::add_bench_commands(app);
   try {
     app.parse(argc, argv);

@@ -33,10 +33,11 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope) {
 }
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  const auto S = q.size(-2);
+  const auto S = q.size(-2), T = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale);
-  auto mask = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool)).triu_(1);
+  // Query i sits at position T - S + i and sees keys 0 .. T - S + i.
+  auto mask = torch::ones({S, T}, torch::TensorOptions().dtype(torch::kBool)).triu_(1 + T - S);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   return torch::matmul(torch::softmax(scores, -1), v);
 }
@@ -58,7 +59,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
   }
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope, KvLayer* cache) {
   const auto B = x.size(0), S = x.size(1);
   auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
   if (qk_norm_ == QkNorm::Full) {
@@ -75,6 +76,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   q = apply_rope(q.transpose(1, 2), rope);  // [B, H, S, hd]
   k = apply_rope(k.transpose(1, 2), rope);
   v = v.transpose(1, 2);
+  if (cache) {
+    if (cache->k.defined()) {
+      k = torch::cat({cache->k, k}, 2);
+      v = torch::cat({cache->v, v}, 2);
+    }
+    cache->k = k;
+    cache->v = v;
+  }
   if (n_kv_heads_ != n_heads_) {  // grouped-query attention: share each KV head
     k = k.repeat_interleave(n_heads_ / n_kv_heads_, 1);
     v = v.repeat_interleave(n_heads_ / n_kv_heads_, 1);

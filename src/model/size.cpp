@@ -53,4 +53,35 @@ StepFlops count_train_flops(const ModelConfig& m, std::int64_t seq_len, std::int
   return f;
 }
 
+TensorShapes parameter_shapes(const ModelConfig& m) {
+  const std::int64_t d = m.d_model, q_dim = m.n_heads * m.head_dim(), kv_dim = m.kv_heads() * m.head_dim();
+  TensorShapes out{{"embed_tokens.weight", {m.vocab_size, d}}};
+  for (std::int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    out.push_back({p + "input_layernorm.weight", {d}});
+    out.push_back({p + "self_attn.q_proj.weight", {q_dim, d}});
+    out.push_back({p + "self_attn.k_proj.weight", {kv_dim, d}});
+    out.push_back({p + "self_attn.v_proj.weight", {kv_dim, d}});
+    out.push_back({p + "self_attn.o_proj.weight", {d, q_dim}});
+    if (m.qk_norm == QkNorm::Full) {
+      out.push_back({p + "self_attn.q_norm.weight", {q_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {kv_dim}});
+    } else if (m.qk_norm == QkNorm::PerHead) {
+      out.push_back({p + "self_attn.q_norm.weight", {m.head_dim()}});
+      out.push_back({p + "self_attn.k_norm.weight", {m.head_dim()}});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", {d}});
+    out.push_back({p + "mlp.gate.weight", {m.n_experts, d}});
+    for (std::int64_t e = 0; e < m.n_experts; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      out.push_back({x + "gate_proj.weight", {m.d_ff, d}});
+      out.push_back({x + "up_proj.weight", {m.d_ff, d}});
+      out.push_back({x + "down_proj.weight", {d, m.d_ff}});
+    }
+  }
+  out.push_back({"norm.weight", {d}});
+  out.push_back({"lm_head.weight", {m.vocab_size, d}});
+  return out;
+}
+
 }  // namespace spes

@@ -17,8 +17,8 @@ BlockImpl::BlockImpl(const ModelConfig& c) {
   mlp = register_module("mlp", MoeLayer(c));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x, const RopeTables& rope, MoeOutput& moe_out) {
-  auto h = x + self_attn(input_layernorm(x), rope);
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const RopeTables& rope, MoeOutput& moe_out, KvLayer* cache) {
+  auto h = x + self_attn(input_layernorm(x), rope, cache);
   const auto B = h.size(0), S = h.size(1), d = h.size(2);
   moe_out = mlp(post_attention_layernorm(h).reshape({B * S, d}));
   auto y = h + moe_out.y.view({B, S, d});
@@ -89,6 +89,21 @@ ModelOutput MoeTransformerImpl::forward(const torch::Tensor& input_ids) {
   }
   out.logits = lm_head(norm(x));
   return out;
+}
+
+torch::Tensor MoeTransformerImpl::forward_cached(const torch::Tensor& input_ids, KvCache& cache) {
+  const auto past = cache.length(), S = input_ids.size(1);
+  if (past + S > config_.max_seq_len)
+    raise(ErrorKind::Usage, "{} cached + {} new tokens exceed model.max_seq_len {}", past, S, config_.max_seq_len);
+  const RopeTables& full = rope_for(past + S);
+  RopeTables rope{full.cos.narrow(0, past, S), full.sin.narrow(0, past, S)};
+  cache.layers.resize(blocks_.size());
+  auto x = embed_tokens(input_ids);
+  for (std::size_t l = 0; l < blocks_.size(); ++l) {
+    MoeOutput aux;
+    x = blocks_[l]->forward(x, rope, aux, &cache.layers[l]);
+  }
+  return lm_head(norm(x));
 }
 
 void MoeTransformerImpl::set_owned_experts(const std::vector<int>& owned) {

@@ -9,6 +9,7 @@
 
 #include "spes/data/prepare.h"
 #include "spes/model/size.h"
+#include "spes/train/inference.h"
 #include "spes/train/peak.h"
 #include "spes/train/schedule.h"
 #include "spes/util/error.h"
@@ -117,21 +118,9 @@ StepStats Trainer::step() {
 }
 
 EvalStats Trainer::evaluate() {
-  torch::NoGradGuard no_grad;
-  const TrainConfig& tc = config_.train;
-  double sum = 0.0;
-  EvalStats e;
+  EvalStats e = evaluate_model(model_, val_shard_, config_.data.seq_len, config_.train.batch_size,
+                               config_.train.eval_batches);
   e.step = step_;
-  for (std::int64_t i = 0; i < tc.eval_batches; ++i) {
-    TokenBatch batch = validation_batch(val_shard_, config_.data.seq_len, tc.batch_size, i);
-    auto inputs = to_tensor(batch.inputs, batch.batch, batch.seq_len);
-    auto targets = to_tensor(batch.targets, batch.batch, batch.seq_len);
-    ModelOutput out = model_->forward(inputs);
-    sum += compute_loss(out, targets, config_.loss).ce.item<double>();
-    e.tokens += batch.batch * batch.seq_len;
-  }
-  e.loss = sum / static_cast<double>(tc.eval_batches);
-  e.perplexity = std::exp(e.loss);
   if (metrics_) metrics_->write(e);
   return e;
 }

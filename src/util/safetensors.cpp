@@ -8,9 +8,48 @@
 #include "spes/util/fs.h"
 
 namespace spes {
+namespace {
+
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
+  } else if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int shift = 0;
+      while (!(mant & 0x400u)) { mant <<= 1; ++shift; }
+      bits = sign | (static_cast<std::uint32_t>(113 - shift) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Little-endian 16-bit values (bf16: the top half of an fp32; f16: IEEE half) to fp32, exactly.
+void widen_to_f32(const char* src, bool bf16, std::vector<float>& out) {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::uint16_t h = static_cast<std::uint16_t>(static_cast<unsigned char>(src[2 * i]) |
+                                                       (static_cast<unsigned char>(src[2 * i + 1]) << 8));
+    if (bf16) {
+      const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+      std::memcpy(&out[i], &bits, 4);
+    } else {
+      out[i] = f16_to_f32(h);
+    }
+  }
+}
+
+}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};  // what transformers checks for
   std::size_t offset = 0;
   for (const auto& t : tensors) {
     std::int64_t n = 1;
@@ -58,17 +97,22 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
     if (it.key() == "__metadata__") continue;
     try {
       const auto& h = it.value();
-      if (h.at("dtype") != "F32") raise(ErrorKind::Checkpoint, "'{}': tensor '{}' is {}, only F32 is read", path, it.key(), h.at("dtype").dump());
+      const std::string dtype = h.at("dtype").get<std::string>();
+      const std::size_t width = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
+      if (width == 0)
+        raise(ErrorKind::Checkpoint, "'{}': tensor '{}' is {}; F32, BF16 and F16 are read", path, it.key(), dtype);
       LoadedTensor t;
       t.shape = h.at("shape").get<std::vector<std::int64_t>>();
       const auto off = h.at("data_offsets").get<std::vector<std::size_t>>();
       std::int64_t n = 1;
       for (auto d : t.shape) n *= d;
-      if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != static_cast<std::size_t>(n) * 4 ||
+      if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != static_cast<std::size_t>(n) * width ||
           data_start + off[1] > file.size())
         raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has bad data offsets", path, it.key());
       t.values.resize(static_cast<std::size_t>(n));
-      std::memcpy(t.values.data(), file.data() + data_start + off[0], off[1] - off[0]);
+      const char* src = file.data() + data_start + off[0];
+      if (dtype == "F32") std::memcpy(t.values.data(), src, off[1] - off[0]);
+      else widen_to_f32(src, dtype == "BF16", t.values);
       data_end = std::max(data_end, off[1]);
       out.emplace(it.key(), std::move(t));
     } catch (const nlohmann::json::exception& e) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "spes/ckpt/merge.h"
 #include "spes/train/checkpoint.h"
 #include "spes/train/trainer.h"
 #include "spes/util/error.h"
@@ -120,6 +121,66 @@ TEST(Checkpoint, OtherConfigIsRefusedUnlessAllowed) {
   Trainer allowed(other, test::quiet());
   ASSERT_TRUE(resume_from_config(allowed));
   EXPECT_EQ(allowed.step_count(), 1);
+}
+
+const torch::optim::AdamWParamState* state_of(Trainer& t, const std::string& name) {
+  for (const auto& item : t.model()->named_parameters())
+    if (item.key() == name) {
+      auto& states = t.optimizer().state();
+      auto it = states.find(c10::guts::to_string(item.value().unsafeGetTensorImpl()));
+      return it == states.end() ? nullptr : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
+    }
+  return nullptr;
+}
+
+std::vector<float> values_of(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+// Two nodes' shards (experts 0-3 and 4-7) merge into one model; four nodes then resume from it
+// under a new assignment: every weight from the merge, moments only where the node trained the
+// expert before, data positions only for node ids the old run had.
+TEST(Checkpoint, MergeThenReshardToAnotherNodeCount) {
+  ScratchDir dir;
+  auto node_config = [&](int node, const std::string& owned, const std::string& ckpt_dir) {
+    return test::tiny_config({"run.node_id=" + std::to_string(node), "train.owned_experts=" + owned,
+                              "checkpoint.dir=" + (dir.path / ckpt_dir).string(), "train.steps=24"});
+  };
+  std::vector<Shard> shards;
+  for (int node = 0; node < 2; ++node) {
+    Trainer t(node_config(node, node == 0 ? "[0, 1, 2, 3]" : "[4, 5, 6, 7]", "old" + std::to_string(node)), test::quiet());
+    for (int i = 0; i < 3; ++i) t.step();
+    shards.push_back(read_shard(write_shard(t, 0)));
+  }
+  const Shard merged = merge_shards(shards);
+  const std::string merged_path = (dir.path / "merged").string();
+  write_shard_folder(merged_path, merged);
+
+  const std::string expert1 = "layers.0.mlp.experts.1.gate_proj.weight", expert2 = "layers.0.mlp.experts.2.gate_proj.weight";
+  const std::string shared = "layers.1.self_attn.v_proj.weight";
+  for (int node = 0; node < 4; ++node) {
+    Config c = node_config(node, fmt::format("[{}, {}]", 2 * node, 2 * node + 1), "new" + std::to_string(node));
+    c.checkpoint.resume = merged_path;
+    Trainer t(c, test::quiet());
+    ASSERT_TRUE(resume_from_config(t));
+    EXPECT_EQ(t.step_count(), 3);
+    for (const auto& item : t.model()->named_parameters())
+      ASSERT_EQ(values_of(item.value()), merged.model.at(item.key()).values) << item.key();
+    const auto* shared_state = state_of(t, shared);
+    ASSERT_TRUE(shared_state);
+    EXPECT_EQ(values_of(shared_state->exp_avg()), merged.optimizer.at(shared + ".exp_avg").values);
+    if (node == 0) {  // expert 1 was node 0's before: its moments carry over
+      ASSERT_TRUE(state_of(t, expert1));
+      EXPECT_EQ(values_of(state_of(t, expert1)->exp_avg()), shards[0].optimizer.at(expert1 + ".exp_avg").values);
+    }
+    if (node == 1) {  // expert 2 was node 0's: node 1 starts it with zero moments
+      EXPECT_EQ(state_of(t, expert2), nullptr);
+      EXPECT_EQ(t.sampler().state(), shards[1].info.loader);
+    }
+    if (node >= 2) EXPECT_EQ(t.sampler().state(), LoaderState{});  // a node id the old run did not have
+    EXPECT_TRUE(std::isfinite(t.step().loss));
+  }
 }
 
 }  // namespace

@@ -32,14 +32,22 @@ RopeTables rope_tables(std::int64_t seq_len, std::int64_t head_dim, double theta
 // x: [B, H, S, head_dim] → x * cos + rotate_half(x) * sin.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
 
-// softmax(q k^T / sqrt(d) + causal mask) v for q: [B, H, S, d], k and v: [B, H, S, d].
+// softmax(q k^T / sqrt(d) + causal mask) v for q: [B, H, S, d], k and v: [B, H, T, d] with T >= S:
+// the S queries are the last S of the T positions (T > S when earlier keys come from a cache).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+
+// One layer's keys and values of the positions seen so far, [B, H_kv, T, head_dim] (generation).
+struct KvLayer {
+  torch::Tensor k, v;
+  std::int64_t length() const { return k.defined() ? k.size(2) : 0; }
+};
 
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& config);
-  // x: [B, S, d_model] → [B, S, d_model]
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  // x: [B, S, d_model] → [B, S, d_model]. With a cache, x holds the S positions after the cached
+  // ones (rope: the tables of those positions) and their keys and values are appended to it.
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, KvLayer* cache = nullptr);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null when qk_norm is none

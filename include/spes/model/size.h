@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "spes/config/config.h"
 
@@ -23,6 +26,11 @@ struct ParamCounts {
 };
 
 ParamCounts count_params(const ModelConfig& model, std::int64_t owned_experts);
+
+// Every parameter tensor's name and shape, in the model's registration order (the names are the
+// Hugging Face OLMoE ones without the "model." prefix).
+using TensorShapes = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
+TensorShapes parameter_shapes(const ModelConfig& model);
 
 struct StepFlops {
   double forward = 0;   // matmul FLOPs of the forward pass (a multiply-add counts 2)

@@ -25,8 +25,9 @@ namespace spes {
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& config);
-  // x: [B, S, d]; aux terms of this layer go to `moe_out` (its y is cleared).
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, MoeOutput& moe_out);
+  // x: [B, S, d]; aux terms of this layer go to `moe_out` (its y is cleared). With a cache, x
+  // continues the cached positions (see AttentionImpl::forward).
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, MoeOutput& moe_out, KvLayer* cache = nullptr);
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
@@ -39,6 +40,12 @@ struct ModelOutput {
   std::vector<torch::Tensor> load_balance;    // per layer, scalar
   std::vector<torch::Tensor> router_z;        // per layer, scalar
   std::vector<torch::Tensor> expert_counts;   // per layer, [E] int64
+};
+
+// Keys and values of every layer for the positions generated so far.
+struct KvCache {
+  std::vector<KvLayer> layers;
+  std::int64_t length() const { return layers.empty() ? 0 : layers.front().length(); }
 };
 
 struct LossTerms {
@@ -58,6 +65,9 @@ class MoeTransformerImpl : public torch::nn::Module {
   MoeTransformerImpl(const ModelConfig& config, std::uint64_t seed);
   // input_ids: [B, S] int64, S <= max_seq_len.
   ModelOutput forward(const torch::Tensor& input_ids);
+  // The logits [B, S, V] of input_ids [B, S] placed after the cache's positions; appends their
+  // keys and values to the cache (an empty cache starts at position 0). No gradient needed.
+  torch::Tensor forward_cached(const torch::Tensor& input_ids, KvCache& cache);
 
   // Freezes every expert not in `owned` (same indices in every layer) and unfreezes the rest.
   void set_owned_experts(const std::vector<int>& owned);

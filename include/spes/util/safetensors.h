@@ -1,6 +1,7 @@
 // Minimal safetensors files (https://github.com/huggingface/safetensors): an 8-byte little-endian
 // header length, a JSON header {name: {dtype, shape, data_offsets}}, then raw little-endian data.
-// Only F32 for now. Torch-free.
+// Writes F32 (with the __metadata__ {"format": "pt"} that transformers expects); reads F32,
+// BF16 and F16, widened exactly to fp32. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,7 @@ struct LoadedTensor {
 
 // Writes atomically (temporary file, fsync, rename). Throws Error(Io).
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors);
-// Throws Error(Checkpoint) naming the file for anything malformed.
+// Throws Error(Checkpoint) naming the file for anything malformed (or another dtype).
 std::map<std::string, LoadedTensor> read_safetensors(const std::string& path);
 
 }  // namespace spes

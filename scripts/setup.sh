@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece
   nlohmann-json3-dev zlib1g-dev
-  gnuplot-nox openssl iproute2 python3
+  gnuplot-nox openssl iproute2 python3 python3-numpy
 )
 
 missing=()

@@ -71,7 +71,7 @@ void add_eval(CLI::App& app) {
     const auto start = std::chrono::steady_clock::now();
     const EvalStats e = evaluate_model(model, shard, S, *batch, *batches);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s on %s: loss %.4f, perplexity %.2f over %lld tokens (windows of %lld; %.0f tokens/s)\n",
+    std::printf("%s on %s: loss %.6f, perplexity %.3f over %lld tokens (windows of %lld; %.0f tokens/s)\n",
                 o->path.c_str(), data->c_str(), e.loss, e.perplexity, static_cast<long long>(e.tokens),
                 static_cast<long long>(S), static_cast<double>(e.tokens) / s);
   });
@@ -109,7 +109,11 @@ void add_generate(CLI::App& app) {
     const auto start = std::chrono::steady_clock::now();
     const auto out = generate(model, ids, *g);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s%s\n", prompt->c_str(), tok.decode(out).c_str());
+    // Decoded together: SentencePiece drops the leading space of a sequence's first piece.
+    auto all = ids;
+    all.insert(all.end(), out.begin(), out.end());
+    std::printf("%s\n", tok.decode(all).c_str());
+    std::fflush(stdout);
     std::fprintf(stderr, "%zu prompt tokens, %zu new tokens in %.2f s (%.1f tokens/s, %s)\n", ids.size(), out.size(), s,
                  static_cast<double>(out.size()) / s, g->use_cache ? "KV cache" : "no cache");
   });

@@ -6,7 +6,9 @@
 #   C. 1 node with sync equals `spes train` bit for bit (every loss of every step);
 #   D. a node killed mid-run: the other three skip it and finish;
 #   E. 2 nodes killed (SIGKILL) after their step-20 shards, resumed from them: the weights after
-#      the last round are bit-identical to an uninterrupted run's.
+#      the last round are bit-identical to an uninterrupted run's;
+#   F. `spes ckpt merge` of E's two step-20 shards: the whole model (equal to what each node held
+#      after the round), exported, then resumed by one node owning all experts (a new node count).
 # usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 SPES=$1
@@ -118,6 +120,32 @@ same=1
 for i in 0 1; do cmp -s "$TMP/e_full/dump/node$i/round10_post.safetensors" "$TMP/e/dump/node$i/round10_post.safetensors" || same=0; done
 [[ $same -eq 1 ]] && echo "ok   E: 2 nodes killed and resumed from step 20: bit-identical to the uninterrupted run after round 10" ||
   fail "E: resumed run differs from the uninterrupted one"
+
+# ---- F: merge the step-20 shards, export, reshard to one node ----
+E0=$TMP/e/node0/checkpoints/step-00000020
+E1=$TMP/e/node1/checkpoints/step-00000020
+"$SPES" ckpt merge "$E1" "$E0" -o "$TMP/f/merged" > "$TMP/f.log" 2>&1 || fail "F: ckpt merge failed"
+grep -q "merged 2 shard(s) of step 20 (sync round 2)" "$TMP/f.log" || fail "F: merge did not report step 20, round 2"
+grep -q "differ between the shards" "$TMP/f.log" && fail "F: shared tensors differ right after a round"
+"$SPES" ckpt inspect "$TMP/f/merged" > "$TMP/f_inspect.log" 2>&1 || fail "F: merged folder does not verify"
+grep -q "from node 1: experts 4,5,6,7" "$TMP/f_inspect.log" || fail "F: inspect does not list node 1's experts"
+for what in merged node0; do
+  src=$TMP/f/merged; [[ $what == node0 ]] && src=$E0
+  "$SPES" ckpt export "$src" "$TMP/f/hf_$what" >> "$TMP/f.log" 2>&1 || fail "F: export of $what failed"
+done
+cmp -s "$TMP/f/hf_merged/model.safetensors" "$TMP/f/hf_node0/model.safetensors" ||
+  fail "F: the merged model differs from node 0's synced weights"
+"$SPES" train -c "$TINY" "${COMMON[@]}" --set train.steps=24 --set "run.out_dir=$TMP/f/single" \
+  --set "checkpoint.resume=$TMP/f/merged" > "$TMP/f_refused.log" 2>&1 && fail "F: resumed despite other train.steps"
+grep -q "train.steps: shard 100, config 24" "$TMP/f_refused.log" || fail "F: refusal does not name train.steps"
+"$SPES" train -c "$TINY" "${COMMON[@]}" --set train.steps=24 --set "run.out_dir=$TMP/f/single" \
+  --set "checkpoint.resume=$TMP/f/merged" --set checkpoint.allow_mismatch=true > "$TMP/f_single.log" 2>&1 ||
+  fail "F: one node could not resume from the merged model"
+grep -q "resumed from .*merged (merged) at step 20" "$TMP/f_single.log" || fail "F: no resume line"
+grep -q "expert(s) 4,5,6,7 are newly owned by node 0: their AdamW moments start at zero" "$TMP/f_single.log" ||
+  fail "F: newly owned experts not reported"
+grep -q "final validation loss" "$TMP/f_single.log" || fail "F: the resharded run did not finish"
+[[ $failures -eq 0 ]] && echo "ok   F: merged 2 shards (= the synced model), exported, resumed on 1 node owning all experts"
 
 if [[ $failures -ne 0 ]]; then
   for f in "$TMP"/*/node*.log; do echo "== $f"; tail -3 "$f"; done

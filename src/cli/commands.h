@@ -33,5 +33,6 @@ void print_cluster_status(const ClusterStatus& status);
 void add_launch_command(CLI::App& app);
 void add_bench_commands(CLI::App& app);
 void add_bench_sync(CLI::App& bench);  // tests/bench/bench_sync.cpp
+void add_bench_generate(CLI::App& bench);  // tests/bench/bench_generate.cpp
 
 }  // namespace spes::cli

@@ -62,7 +62,7 @@ struct SyncEngine::Impl {
   std::vector<std::uint64_t> base_slice, base_experts;
   std::vector<float> residual_experts, residual_average;
   std::vector<std::vector<float>> residual_raw;         // per slice
-  std::vector<bool> suspect;                            // skipped last round: no retries
+  std::vector<bool> suspect;                            // skipped last round: short retries only
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
   std::unique_ptr<std::atomic<std::uint64_t>[]> peer_bytes_in;  // per peer, this round
@@ -180,12 +180,13 @@ struct SyncEngine::Impl {
   Fetched fetch(int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
                 const std::vector<ParamRange>& ranges, WireEncoding e, Clock::time_point deadline) {
     Fetched out;
-    // A peer skipped last round gets one try; others are retried while they refuse connections
-    // (a node still starting up) for up to sync.peer_wait_s.
-    const auto give_up = observer        ? deadline
-                         : suspect[peer] ? Clock::now()
-                                       : std::min(deadline, Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(
-                                                                              config.sync.peer_wait_s * 1000)));
+    // Transient refusals (a node still starting up, or a round behind) are retried for up to
+    // sync.peer_wait_s; for a peer skipped last round (likely dead) for at most a second, so a
+    // dead peer costs little while one that is merely late still gets back in.
+    const double wait_s = suspect[peer] ? std::min(1.0, config.sync.peer_wait_s) : config.sync.peer_wait_s;
+    const auto give_up = observer ? deadline
+                                  : std::min(deadline, Clock::now() + std::chrono::milliseconds(
+                                                                          static_cast<std::int64_t>(wait_s * 1000)));
     // An observer's copy is stale by design, so the norm-change bound does not apply to it (the
     // other checks do). Its round is a plan's first, which is sent in fp32: no baseline needed.
     const double max_rel_change = observer ? std::numeric_limits<double>::infinity() : config.sync.max_rel_change;
@@ -237,11 +238,11 @@ struct SyncEngine::Impl {
         return out;
       }
       // Transient: a peer not listening (yet) or restarting its service for a new plan (calls
-      // caught in a server's shutdown come back CANCELLED); for an observer, a round the
-      // cluster has not reached yet (OUT_OF_RANGE means "later").
+      // caught in a server's shutdown come back CANCELLED), or one that has not reached this
+      // round yet (OUT_OF_RANGE: it is more than a round behind, e.g. it missed the last one).
       const auto code = status.error_code();
       const bool transient = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
-                             (observer && code == grpc::StatusCode::OUT_OF_RANGE);
+                             code == grpc::StatusCode::OUT_OF_RANGE;
       const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
       if (!transient || retry_at >= give_up || stop_requested()) {
         out.reason = fmt::format("{} ({})", status.error_message(), static_cast<int>(status.error_code()));

@@ -158,8 +158,8 @@ void load_shard(Trainer& trainer, const Shard& shard, bool allow_mismatch) {
   }
   trainer.set_step(info.step);
   trainer.sampler().restore(loader_for(info, c.run.node_id));
-  spdlog::info("checkpoint: resumed from {} ({}) at step {} (sync round {})", info.path, info.kind, info.step,
-               info.sync_round);
+  spdlog::info("checkpoint: resumed from {} at step {} (sync round {}{})", info.path, info.step, info.sync_round,
+               info.is_node_shard() ? "" : ", " + info.kind + " folder");
 }
 
 std::optional<ShardInfo> resume_from_config(Trainer& trainer) {

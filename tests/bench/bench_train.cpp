@@ -169,6 +169,7 @@ void add_bench_commands(CLI::App& app) {
     else run_case(*o);
   });
   add_bench_sync(*bench);
+  add_bench_generate(*bench);
 }
 
 }  // namespace spes::cli

@@ -69,7 +69,7 @@ close "$d" "$m" 1e-5 || fail "C: dense loss $d, upcycled $m"
 "$SPES" train -c "$TINY" "${COMMON[@]}" --set "run.out_dir=$TMP/from_moe" --set train.steps=10 \
   --set model.norm_topk_prob=true --set "checkpoint.resume=$TMP/moe_noisy" > "$TMP/c_train.log" 2>&1 ||
   fail "C: training from the upcycled model failed"
-grep -q "resumed from .*moe_noisy (upcycled) at step 0" "$TMP/c_train.log" || fail "C: no resume line"
+grep -q "resumed from .*moe_noisy at step 0 (sync round 0, upcycled folder)" "$TMP/c_train.log" || fail "C: no resume line"
 [[ $failures -eq 0 ]] && echo "ok   C: upcycled (noise 0) loss $m = dense $d; training starts from it"
 
 # ---- D: generation ----

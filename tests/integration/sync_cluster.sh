@@ -141,7 +141,7 @@ grep -q "train.steps: shard 100, config 24" "$TMP/f_refused.log" || fail "F: ref
 "$SPES" train -c "$TINY" "${COMMON[@]}" --set train.steps=24 --set "run.out_dir=$TMP/f/single" \
   --set "checkpoint.resume=$TMP/f/merged" --set checkpoint.allow_mismatch=true > "$TMP/f_single.log" 2>&1 ||
   fail "F: one node could not resume from the merged model"
-grep -q "resumed from .*merged (merged) at step 20" "$TMP/f_single.log" || fail "F: no resume line"
+grep -q "resumed from .*merged at step 20 (sync round 2, merged folder)" "$TMP/f_single.log" || fail "F: no resume line"
 grep -q "expert(s) 4,5,6,7 are newly owned by node 0: their AdamW moments start at zero" "$TMP/f_single.log" ||
   fail "F: newly owned experts not reported"
 grep -q "final validation loss" "$TMP/f_single.log" || fail "F: the resharded run did not finish"

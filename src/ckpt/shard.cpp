@@ -22,6 +22,8 @@ namespace {
 constexpr const char* kFormat = "spes-shard-1";
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kSyncFile = "sync.safetensors";
+constexpr const char* kResidualPrefix = "residual.";
 
 std::uint32_t crc_of(const float* data, std::size_t count) {
   return static_cast<std::uint32_t>(
@@ -66,7 +68,11 @@ json manifest_of(const ShardInfo& info) {
           {"grad_buffers", info.grad_buffers},
           {"sources", sources},
           {"tokenizer", info.tokenizer},
-          {"origin", info.origin}};
+          {"origin", info.origin},
+          {"sync_carry", info.sync_carry ? json{{"round", info.sync_carry->round},
+                                                {"base_slice", info.sync_carry->base_slice},
+                                                {"base_experts", info.sync_carry->base_experts}}
+                                         : json(nullptr)}};
 }
 
 void parse_manifest(const json& m, ShardInfo& info) {
@@ -88,6 +94,11 @@ void parse_manifest(const json& m, ShardInfo& info) {
                             loader_of(s.at("loader"))});
   info.tokenizer = m.value("tokenizer", "");
   info.origin = m.value("origin", "");
+  if (m.contains("sync_carry") && !m.at("sync_carry").is_null()) {
+    const auto& c = m.at("sync_carry");
+    info.sync_carry = SyncCarry{c.at("round").get<std::uint64_t>(), c.at("base_slice").get<std::vector<std::uint64_t>>(),
+                                c.at("base_experts").get<std::vector<std::uint64_t>>(), {}};
+  }
 }
 
 std::vector<TensorView> views_of(const std::map<std::string, LoadedTensor>& tensors) {
@@ -208,6 +219,13 @@ void write_shard_folder(const std::string& final_path, const ShardInfo& info, co
   json manifest = manifest_of(info);
   json tensors = tensor_entries(weights, kModelFile, bytes);
   tensors.update(tensor_entries(moments, kOptimizerFile, bytes));
+  if (info.sync_carry) {
+    std::vector<TensorView> residuals;
+    for (const auto& [key, values] : info.sync_carry->residuals)
+      residuals.push_back({kResidualPrefix + key, {static_cast<std::int64_t>(values.size())}, values.data()});
+    write_safetensors((tmp / kSyncFile).string(), residuals);
+    tensors.update(tensor_entries(residuals, kSyncFile, bytes));
+  }
   manifest["tensors"] = tensors;
   // The manifest last: a folder without one is never taken for a shard.
   write_file_atomic(tmp / "manifest.json", manifest.dump(1));
@@ -240,11 +258,18 @@ Shard read_shard(const std::string& path) {
     if (!fs::exists(dir / file)) raise(ErrorKind::Checkpoint, "shard '{}' is missing {}", path, file);
   shard.model = read_safetensors((dir / kModelFile).string());
   shard.optimizer = read_safetensors((dir / kOptimizerFile).string());
+  std::map<std::string, LoadedTensor> sync;
+  if (info.sync_carry) {
+    if (!fs::exists(dir / kSyncFile)) raise(ErrorKind::Checkpoint, "shard '{}' is missing {}", path, kSyncFile);
+    sync = read_safetensors((dir / kSyncFile).string());
+  }
   std::size_t listed = 0;
   for (auto it = m.at("tensors").begin(); it != m.at("tensors").end(); ++it, ++listed) {
     const auto& t = it.value();
     const std::string file = t.at("file").get<std::string>();
-    auto& tensors = file == kModelFile ? shard.model : shard.optimizer;
+    if (file != kModelFile && file != kOptimizerFile && !(file == kSyncFile && info.sync_carry))
+      raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' is in an unknown file '{}'", path, it.key(), file);
+    auto& tensors = file == kModelFile ? shard.model : file == kOptimizerFile ? shard.optimizer : sync;
     auto found = tensors.find(it.key());
     if (found == tensors.end())
       raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' listed in the manifest is not in {}", path, it.key(), file);
@@ -254,8 +279,13 @@ Shard read_shard(const std::string& path) {
       raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' fails its checksum (corrupt file {})", path, it.key(), file);
     info.bytes += static_cast<std::int64_t>(found->second.values.size() * sizeof(float));
   }
-  if (listed != shard.model.size() + shard.optimizer.size())
+  if (listed != shard.model.size() + shard.optimizer.size() + sync.size())
     raise(ErrorKind::Checkpoint, "shard '{}': its files hold tensors the manifest does not list", path);
+  for (auto& [name, t] : sync) {
+    if (name.rfind(kResidualPrefix, 0) != 0)
+      raise(ErrorKind::Checkpoint, "shard '{}': unexpected tensor '{}' in {}", path, name, kSyncFile);
+    info.sync_carry->residuals[name.substr(std::string(kResidualPrefix).size())] = std::move(t.values);
+  }
   return shard;
 }
 

@@ -123,7 +123,12 @@ class NodeDaemon {
 
   void run() {
     const int me = config_.run.node_id;
-    if (auto resumed = resume_from_config(trainer_)) round_ = resumed->sync_round;
+    std::optional<SyncCarry> carry;
+    if (auto resumed = resume_from_config(trainer_)) {
+      round_ = resumed->sync_round;
+      round_step_ = resumed->step;
+      carry = std::move(resumed->sync_carry);
+    }
     std::uint64_t catch_up_round = 0;
     if (!config_.coordinator.address.empty()) {
       coordinator_ = std::make_unique<CoordinatorClient>(config_);
@@ -145,6 +150,7 @@ class NodeDaemon {
     engine_ = make_engine();
     if (catch_up_round > 0) catch_up(catch_up_round);
     else adopt(plan_, /*log_changes=*/false);
+    if (carry && catch_up_round == 0) restore_carry(*carry);
 
     trainer_.set_after_step([this](const StepStats& s) { after_step(s); });
     trainer_.set_should_stop([] { return stop_requested(); });
@@ -158,8 +164,9 @@ class NodeDaemon {
       heartbeat_->stop(last, true);
     }
     if (trainer_.stopped_early()) {
+      const auto carry_now = trainer_.step_count() == round_step_ ? engine_->carry() : std::nullopt;
       spdlog::warn("node {} stopped by signal {} at step {} after {} rounds; left the round cleanly; wrote {}", me,
-                   stop_signal(), trainer_.step_count(), round_, write_shard(trainer_, round_));
+                   stop_signal(), trainer_.step_count(), round_, write_shard(trainer_, round_, carry_now ? &*carry_now : nullptr));
       return;
     }
     spdlog::info("node {} done: {} rounds, {} in, {} out, {} peer skips; final validation loss {:.4f} (ppl {:.2f})", me,
@@ -242,11 +249,25 @@ class NodeDaemon {
     SyncRoundReport r = engine_->run_round(round_, s.step);
     if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_post.safetensors", dump_dir_, round_));
     log_round(r);
-    checkpoint_if_due(trainer_, round_);  // after the round: a shard resumes at a round boundary
+    round_step_ = s.step;
+    // After the round: a shard resumes at a round boundary, with the engine's residuals.
+    const auto carry = engine_->carry();
+    checkpoint_if_due(trainer_, round_, carry ? &*carry : nullptr);
     if (coordinator_ && s.step != config_.train.steps) {
       auto next = plan_for(round_ + 1);
       if (next && next->version != plan_.version) switch_plan(*next);
     }
+  }
+
+  // A lossy-encoded run resumed right after a round: the engine takes back its residuals and
+  // baseline rounds, so the next rounds send what an uninterrupted run would have sent.
+  void restore_carry(const SyncCarry& carry) {
+    if (carry.round != round_ || !engine_->restore(carry)) {
+      spdlog::warn("sync: the shard's error-feedback state (round {}) does not fit this run: the next round is sent "
+                   "in fp32 and residuals start at zero", carry.round);
+      return;
+    }
+    spdlog::info("sync: restored the error-feedback residuals and baselines of round {}", carry.round);
   }
 
   void log_round(const SyncRoundReport& r) {
@@ -284,6 +305,7 @@ class NodeDaemon {
   std::unique_ptr<SyncEngine> engine_;
   MembershipPlan plan_;
   std::uint64_t round_ = 0;
+  std::int64_t round_step_ = -1;  // the step of the last completed round (a shard at it can carry sync state)
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of engines replaced by plan changes
 };
 

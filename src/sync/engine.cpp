@@ -492,6 +492,37 @@ void SyncEngine::finish(double timeout_s) {
     spdlog::warn("sync: leaving before every peer fetched round {} from this node", round);
 }
 
+std::optional<SyncCarry> SyncEngine::carry() const {
+  const Impl& m = *impl_;
+  if (m.observer || (!m.keeps_baseline && m.residual_experts.empty() && m.residual_average.empty())) return std::nullopt;
+  SyncCarry c;
+  c.round = m.store.latest();
+  c.base_slice = m.base_slice;
+  c.base_experts = m.base_experts;
+  if (!m.residual_experts.empty()) c.residuals["experts"] = m.residual_experts;
+  if (!m.residual_average.empty()) c.residuals["average"] = m.residual_average;
+  for (std::size_t k = 0; k < m.residual_raw.size(); ++k) c.residuals["raw." + std::to_string(k)] = m.residual_raw[k];
+  return c;
+}
+
+bool SyncEngine::restore(const SyncCarry& c) {
+  Impl& m = *impl_;
+  const auto mine = carry();
+  if (!mine || c.base_slice.size() != mine->base_slice.size() || c.base_experts.size() != mine->base_experts.size() ||
+      c.residuals.size() != mine->residuals.size())
+    return false;
+  for (const auto& [key, values] : mine->residuals) {
+    auto it = c.residuals.find(key);
+    if (it == c.residuals.end() || it->second.size() != values.size()) return false;
+  }
+  m.base_slice = c.base_slice;
+  m.base_experts = c.base_experts;
+  if (!m.residual_experts.empty()) m.residual_experts = c.residuals.at("experts");
+  if (!m.residual_average.empty()) m.residual_average = c.residuals.at("average");
+  for (std::size_t k = 0; k < m.residual_raw.size(); ++k) m.residual_raw[k] = c.residuals.at("raw." + std::to_string(k));
+  return true;
+}
+
 int SyncEngine::port() const { return impl_->server ? impl_->server->port() : 0; }
 std::uint64_t SyncEngine::bytes_sent() const { return impl_->server ? impl_->server->bytes_sent() : 0; }
 std::uint64_t SyncEngine::bytes_received() const { return impl_->bytes_in.load(); }

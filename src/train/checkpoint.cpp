@@ -48,7 +48,7 @@ LoaderState loader_for(const ShardInfo& info, int node_id) {
 
 }  // namespace
 
-std::string write_shard(Trainer& trainer, std::uint64_t sync_round) {
+std::string write_shard(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry) {
   const Config& c = trainer.config();
   const fs::path dir = c.checkpoint.effective_dir(c.run);
   const std::int64_t step = trainer.step_count();
@@ -65,6 +65,7 @@ std::string write_shard(Trainer& trainer, std::uint64_t sync_round) {
   info.loader = trainer.sampler().state();
   const fs::path tokenizer = fs::path(c.data.dir) / "tokenizer.model";
   if (fs::exists(tokenizer)) info.tokenizer = fs::absolute(tokenizer).string();
+  if (carry) info.sync_carry = *carry;
 
   std::vector<TensorView> weights, moments;
   std::map<const void*, std::string> names;
@@ -90,10 +91,10 @@ std::string write_shard(Trainer& trainer, std::uint64_t sync_round) {
   return final_path.string();
 }
 
-void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round) {
+void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry) {
   const auto every = trainer.config().checkpoint.every;
   if (every <= 0 || trainer.step_count() % every != 0) return;
-  const std::string path = write_shard(trainer, sync_round);
+  const std::string path = write_shard(trainer, sync_round, carry);
   spdlog::info("checkpoint: wrote {}", path);
 }
 

@@ -4,6 +4,7 @@
 //
 //   FOLDER/model.safetensors       every model weight
 //          optimizer.safetensors   AdamW moments (NAME.exp_avg, NAME.exp_avg_sq)
+//          sync.safetensors        only with lossy wire encodings: error-feedback residuals
 //          manifest.json           kind, step, data position, sync round, ownership, config, checksums
 //
 // One format serves four kinds of folder: a node's shard (what `spes node` writes), a merged
@@ -20,6 +21,7 @@
 
 #include "spes/config/config.h"
 #include "spes/data/loader.h"
+#include "spes/sync/carry.h"
 #include "spes/util/safetensors.h"
 
 namespace spes {
@@ -46,6 +48,7 @@ struct ShardInfo {
   std::vector<ShardSource> sources;                // merged: the node shards, by node id
   std::string tokenizer;                           // SentencePiece model of the run ("" = unknown)
   std::string origin;                              // imported/upcycled: where the weights came from
+  std::optional<SyncCarry> sync_carry;             // node shards written right after a lossy round
   std::int64_t bytes = 0;                          // tensor data in all files
 
   bool is_node_shard() const { return kind == "node"; }

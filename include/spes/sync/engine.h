@@ -14,10 +14,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "spes/config/config.h"
+#include "spes/sync/carry.h"
 #include "spes/sync/params.h"
 
 namespace spes {
@@ -71,6 +73,13 @@ class SyncEngine {
   // does not make the others skip it or leave an observer without the round it catches up from.
   void finish(double timeout_s);
 
+  // The residuals and baseline rounds after the last round (nullopt with fp32 encodings, which
+  // carry nothing). Save it only with the weights of right after that round.
+  std::optional<SyncCarry> carry() const;
+  // Before the first round of a resumed run whose weights are those right after carry.round:
+  // takes the residuals and baseline rounds back. Returns false, changing nothing, when the carry
+  // does not fit this engine (other peers, encodings or sizes) or it is an observer.
+  bool restore(const SyncCarry& carry);
   int port() const;
   std::uint64_t bytes_sent() const;
   std::uint64_t bytes_received() const;

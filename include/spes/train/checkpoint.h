@@ -18,10 +18,12 @@ class Trainer;
 // Writes the trainer's state as DIR/step-NNNNNNNN (DIR = checkpoint.effective_dir): into a
 // temporary folder, every file fsynced, then renamed; keeps the newest checkpoint.keep shards.
 // Returns the shard's path (an existing shard of the same step is kept as it is).
-std::string write_shard(Trainer& trainer, std::uint64_t sync_round);
+// `carry`: the sync engine's residuals and baseline rounds, only when the shard is written right
+// after round sync_round (what makes a lossy-encoded run resume bit-exactly).
+std::string write_shard(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry = nullptr);
 
 // After a step: writes a shard when checkpoint.every divides the step (and logs it).
-void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round);
+void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry = nullptr);
 
 // Loads a verified folder: weights, AdamW moments and step counts, the step counter and the data
 // position. A folder that differs (shard_differences) is refused with Error(Checkpoint) listing

@@ -4,11 +4,17 @@
 #   spes-warmup    4 nodes × batch 8, SPES sync every 20 steps (fp32), merge warm-up
 #   spes-nowarmup  the same without the merge warm-up (merge.alpha 0)
 #   spes-int8      the same as spes-warmup with int8 deltas (error feedback) on the wire
+#   spes-h5        (only when named) spes-warmup with sync every 5 steps instead of 20
 # then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
-# About 40 minutes on 2 cores. usage: scripts/quality_experiment.sh [STEPS]   (default 200)
+# About 40 minutes on 2 cores (10 per run).
+# usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
+#        a central run of the same STEPS already in runs/quality is reused when not named)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-200}
+shift || true
+RUNS=("$@")
+[[ ${#RUNS[@]} -gt 0 ]] || RUNS=(central spes-warmup spes-nowarmup spes-int8)
 OUT=runs/quality
 SPES=./build/spes
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
@@ -22,9 +28,9 @@ central() {
   mkdir -p "$OUT/curves/central" && cp "$OUT/central/metrics.jsonl" "$OUT/curves/central/"
 }
 
-# spes NAME BASE_PORT EXTRA_SET_LINES
+# spes NAME BASE_PORT EXTRA_SET_LINES [SYNC_EVERY]
 spes() {
-  local name=$1 port=$2 extra=$3
+  local name=$1 port=$2 extra=$3 every=${4:-20}
   mkdir -p "$OUT/$name"
   cat > "$OUT/$name/cluster.yaml" <<YAML
 run: quality-$name
@@ -37,7 +43,7 @@ set:
   train.steps: $STEPS
   train.eval_every: 25
   schedule.warmup_steps: 20
-  sync.every: 20
+  sync.every: $every
   sync.peer_wait_s: 60
   merge.every: 40
   merge.horizon: 160
@@ -54,18 +60,27 @@ YAML
 }
 
 t0=$(date +%s)
-echo "central ..."; central
-echo "spes-warmup ..."; spes spes-warmup 7320 "  merge.alpha: 0.01"
-echo "spes-nowarmup ..."; spes spes-nowarmup 7330 "  merge.alpha: 0"
-echo "spes-int8 ..."; spes spes-int8 7340 "  merge.alpha: 0.01
+for run in "${RUNS[@]}"; do
+  echo "$run ..."
+  case $run in
+    central) central ;;
+    spes-warmup) spes spes-warmup 7320 "  merge.alpha: 0.01" ;;
+    spes-nowarmup) spes spes-nowarmup 7330 "  merge.alpha: 0" ;;
+    spes-int8) spes spes-int8 7340 "  merge.alpha: 0.01
   sync.encoding.shared: int8_delta
-  sync.encoding.experts: int8_delta"
+  sync.encoding.experts: int8_delta" ;;
+    spes-h5) spes spes-h5 7350 "  merge.alpha: 0.01" 5 ;;
+    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5)" >&2; exit 2 ;;
+  esac
+done
+[[ -f $OUT/curves/central/metrics.jsonl ]] || { echo "no central run in $OUT: name 'central' too" >&2; exit 2; }
 echo "all runs done in $(( $(date +%s) - t0 )) s"
 
 python3 - "$OUT/curves" <<'PY'
 import json, os, sys
 root = sys.argv[1]
-names = ["central", "spes-warmup", "spes-nowarmup", "spes-int8"]
+order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5"]
+names = [n for n in order if os.path.exists(os.path.join(root, n, "metrics.jsonl"))]
 curves = {}
 for n in names:
     pts = {}
@@ -85,8 +100,13 @@ print(f"\nfinal (step {last}):")
 for n in names[1:]:
     v = curves[n][last]
     print(f"  {n:<14} {v:.4f}  vs central {100 * (v - c) / c:+.2f}%")
-w = curves["spes-warmup"][last]
-print(f"  int8 vs fp32 sync (both with warm-up): {100 * (curves['spes-int8'][last] - w) / w:+.2f}%")
+if "spes-warmup" in curves and "spes-int8" in curves:
+    w = curves["spes-warmup"][last]
+    print(f"  int8 vs fp32 sync (both with warm-up): {100 * (curves['spes-int8'][last] - w) / w:+.2f}%")
 PY
-bash scripts/plot_loss.sh "$OUT"/curves/{central,spes-warmup,spes-nowarmup,spes-int8}/metrics.jsonl "$OUT/quality.png"
+curves=()
+for n in central spes-warmup spes-nowarmup spes-int8 spes-h5; do
+  if [[ -f $OUT/curves/$n/metrics.jsonl ]]; then curves+=("$OUT/curves/$n/metrics.jsonl"); fi
+done
+bash scripts/plot_loss.sh "${curves[@]}" "$OUT/quality.png"
 echo "plot: $OUT/quality.png"

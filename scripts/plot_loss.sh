@@ -10,6 +10,8 @@ out=${!#}
 inputs=("${@:1:$#-1}")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# One colour per file (validation solid, training the same colour, faint).
+colors=(1b9e77 d95f02 7570b3 e7298a 66a61e e6ab02 a6761d 666666)
 plot=""
 for i in "${!inputs[@]}"; do
   f=${inputs[$i]}
@@ -29,9 +31,10 @@ with open(src) as f, open(train, "w") as t, open(val, "w") as v:
         elif r.get("type") == "eval":
             v.write(f"{r['step']}\t{r['val_loss']}\n")
 PY
-  plot+="'$tmp/train$i.tsv' using 1:2 with lines lw 1 title '$label train CE', "
+  c=${colors[$((i % ${#colors[@]}))]}
+  plot+="'$tmp/train$i.tsv' using 1:2 with lines lw 1 lc rgb '#A0$c' title '$label train CE', "
   if [[ -s "$tmp/val$i.tsv" ]]; then
-    plot+="'$tmp/val$i.tsv' using 1:2 with linespoints lw 2 pt 7 title '$label validation', "
+    plot+="'$tmp/val$i.tsv' using 1:2 with linespoints lw 2 pt 7 lc rgb '#$c' title '$label validation', "
   fi
 done
 gnuplot <<GP

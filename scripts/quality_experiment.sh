@@ -5,6 +5,7 @@
 #   spes-nowarmup  the same without the merge warm-up (merge.alpha 0)
 #   spes-int8      the same as spes-warmup with int8 deltas (error feedback) on the wire
 #   spes-h5        (only when named) spes-warmup with sync every 5 steps instead of 20
+#   spes-merge5    (only when named) a strong warm-up: alpha 0.05 at every round, decaying over the run
 # then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
 # About 40 minutes on 2 cores (10 per run).
 # usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
@@ -45,8 +46,6 @@ set:
   schedule.warmup_steps: 20
   sync.every: $every
   sync.peer_wait_s: 60
-  merge.every: 40
-  merge.horizon: 160
 $extra
 coordinator: {address: 127.0.0.1:$port, heartbeat_s: 2, dead_after_s: 60, grace_s: 60}
 nodes:
@@ -59,18 +58,25 @@ YAML
   mkdir -p "$OUT/curves/$name" && cp "$OUT/$name/run/node0/metrics.jsonl" "$OUT/curves/$name/"
 }
 
+# The warm-up of the main runs: alpha 0.01 at the rounds of steps 40, 80, 120, 160.
+WARMUP="  merge.alpha: 0.01
+  merge.every: 40
+  merge.horizon: 160"
 t0=$(date +%s)
 for run in "${RUNS[@]}"; do
   echo "$run ..."
   case $run in
     central) central ;;
-    spes-warmup) spes spes-warmup 7320 "  merge.alpha: 0.01" ;;
+    spes-warmup) spes spes-warmup 7320 "$WARMUP" ;;
     spes-nowarmup) spes spes-nowarmup 7330 "  merge.alpha: 0" ;;
-    spes-int8) spes spes-int8 7340 "  merge.alpha: 0.01
+    spes-int8) spes spes-int8 7340 "$WARMUP
   sync.encoding.shared: int8_delta
   sync.encoding.experts: int8_delta" ;;
-    spes-h5) spes spes-h5 7350 "  merge.alpha: 0.01" 5 ;;
-    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5)" >&2; exit 2 ;;
+    spes-h5) spes spes-h5 7350 "$WARMUP" 5 ;;
+    spes-merge5) spes spes-merge5 7360 "  merge.alpha: 0.05
+  merge.every: 20
+  merge.horizon: $STEPS" ;;
+    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5)" >&2; exit 2 ;;
   esac
 done
 [[ -f $OUT/curves/central/metrics.jsonl ]] || { echo "no central run in $OUT: name 'central' too" >&2; exit 2; }
@@ -79,7 +85,7 @@ echo "all runs done in $(( $(date +%s) - t0 )) s"
 python3 - "$OUT/curves" <<'PY'
 import json, os, sys
 root = sys.argv[1]
-order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5"]
+order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5"]
 names = [n for n in order if os.path.exists(os.path.join(root, n, "metrics.jsonl"))]
 curves = {}
 for n in names:
@@ -105,7 +111,7 @@ if "spes-warmup" in curves and "spes-int8" in curves:
     print(f"  int8 vs fp32 sync (both with warm-up): {100 * (curves['spes-int8'][last] - w) / w:+.2f}%")
 PY
 curves=()
-for n in central spes-warmup spes-nowarmup spes-int8 spes-h5; do
+for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5; do
   if [[ -f $OUT/curves/$n/metrics.jsonl ]]; then curves+=("$OUT/curves/$n/metrics.jsonl"); fi
 done
 bash scripts/plot_loss.sh "${curves[@]}" "$OUT/quality.png"

@@ -6,6 +6,7 @@
 #   spes-int8      the same as spes-warmup with int8 deltas (error feedback) on the wire
 #   spes-h5        (only when named) spes-warmup with sync every 5 steps instead of 20
 #   spes-merge5    (only when named) a strong warm-up: alpha 0.05 at every round, decaying over the run
+#   spes-merge20   (only when named) the same with alpha 0.2
 # then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
 # About 40 minutes on 2 cores (10 per run).
 # usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
@@ -76,7 +77,10 @@ for run in "${RUNS[@]}"; do
     spes-merge5) spes spes-merge5 7360 "  merge.alpha: 0.05
   merge.every: 20
   merge.horizon: $STEPS" ;;
-    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5)" >&2; exit 2 ;;
+    spes-merge20) spes spes-merge20 7370 "  merge.alpha: 0.2
+  merge.every: 20
+  merge.horizon: $STEPS" ;;
+    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20)" >&2; exit 2 ;;
   esac
 done
 [[ -f $OUT/curves/central/metrics.jsonl ]] || { echo "no central run in $OUT: name 'central' too" >&2; exit 2; }
@@ -85,7 +89,7 @@ echo "all runs done in $(( $(date +%s) - t0 )) s"
 python3 - "$OUT/curves" <<'PY'
 import json, os, sys
 root = sys.argv[1]
-order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5"]
+order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5", "spes-merge20"]
 names = [n for n in order if os.path.exists(os.path.join(root, n, "metrics.jsonl"))]
 curves = {}
 for n in names:
@@ -111,7 +115,7 @@ if "spes-warmup" in curves and "spes-int8" in curves:
     print(f"  int8 vs fp32 sync (both with warm-up): {100 * (curves['spes-int8'][last] - w) / w:+.2f}%")
 PY
 curves=()
-for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5; do
+for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20; do
   if [[ -f $OUT/curves/$n/metrics.jsonl ]]; then curves+=("$OUT/curves/$n/metrics.jsonl"); fi
 done
 bash scripts/plot_loss.sh "${curves[@]}" "$OUT/quality.png"

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "spes/ckpt/hf.h"
 #include "spes/train/trainer.h"
 #include "spes/util/error.h"
 #include "spes/util/progress.h"
@@ -176,9 +177,10 @@ std::optional<ShardInfo> resume_from_config(Trainer& trainer) {
       return std::nullopt;
     }
   } else {
-    // A folder, or the name of a shard in the checkpoint folder (e.g. step-00000100).
+    // A folder (ours, or a Hugging Face one), or the name of a shard in the checkpoint folder
+    // (e.g. step-00000100).
     const fs::path in_dir = fs::path(c.checkpoint.effective_dir(c.run)) / resume;
-    shard = read_shard(!fs::exists(resume) && fs::exists(in_dir) ? in_dir.string() : resume);
+    shard = read_model_folder(!fs::exists(resume) && fs::exists(in_dir) ? in_dir.string() : resume);
   }
   load_shard(trainer, *shard, c.checkpoint.allow_mismatch);
   return shard->info;

@@ -5,7 +5,7 @@
 #      gives; import → export again is byte-identical;
 #   B. the same for per-head QK-norm with grouped-query attention (Qwen3-MoE layout);
 #   C. upcycle a dense (1-expert) model with no noise: the same validation loss as the dense one;
-#      training resumes from the upcycled folder;
+#      training starts from the upcycled folder, and from a Hugging Face folder;
 #   D. generate: the same text under the same seed, with and without the KV cache;
 #   E. bad input: clear messages and exit codes.
 # usage: model_tools.sh SPES SOURCE_DIR TEST_DATA_DIR
@@ -70,6 +70,9 @@ close "$d" "$m" 1e-5 || fail "C: dense loss $d, upcycled $m"
   --set model.norm_topk_prob=true --set "checkpoint.resume=$TMP/moe_noisy" > "$TMP/c_train.log" 2>&1 ||
   fail "C: training from the upcycled model failed"
 grep -q "resumed from .*moe_noisy at step 0 (sync round 0, upcycled folder)" "$TMP/c_train.log" || fail "C: no resume line"
+"$SPES" train -c "$TINY" "${COMMON[@]}" --set "run.out_dir=$TMP/from_hf" --set train.steps=4 \
+  --set "checkpoint.resume=$TMP/hf" > "$TMP/c_hf.log" 2>&1 || fail "C: training from the Hugging Face folder failed"
+grep -q "resumed from .*hf at step 0 (sync round 0, imported folder)" "$TMP/c_hf.log" || fail "C: no resume line for hf"
 [[ $failures -eq 0 ]] && echo "ok   C: upcycled (noise 0) loss $m = dense $d; training starts from it"
 
 # ---- D: generation ----

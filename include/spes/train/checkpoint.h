@@ -34,7 +34,8 @@ void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round, const SyncCar
 // position at zero (logged). Imported and upcycled folders hold weights only (step 0).
 void load_shard(Trainer& trainer, const Shard& shard, bool allow_mismatch);
 // Applies checkpoint.resume ("" = nothing, "auto" = newest usable shard, else a folder (shard,
-// merged, imported, upcycled) or the name of a shard in the checkpoint folder);
+// merged, imported, upcycled, or a Hugging Face OLMoE / Qwen3-MoE folder) or the name of a shard
+// in the checkpoint folder);
 // returns what it resumed from.
 std::optional<ShardInfo> resume_from_config(Trainer& trainer);
 

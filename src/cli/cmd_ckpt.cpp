@@ -2,8 +2,10 @@
 // upcycling a dense model.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 
 #include "commands.h"
 #include "spes/ckpt/hf.h"
@@ -78,16 +80,44 @@ void add_inspect(CLI::App& ckpt) {
   cmd->callback([path] { inspect(*path); });
 }
 
+// The shard folders to merge: shard folders as given, or checkpoint folders, of which the newest
+// step that every one of them holds is taken.
+std::vector<std::string> shards_to_merge(const std::vector<std::string>& paths) {
+  bool folders = false;
+  for (const auto& p : paths) folders = folders || !fs::exists(fs::path(p) / "manifest.json");
+  if (!folders) return paths;
+  std::vector<std::string> common;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    if (fs::exists(fs::path(paths[i]) / "manifest.json"))
+      raise(ErrorKind::Usage, "ckpt merge: give either shard folders or checkpoint folders, not both ('{}')", paths[i]);
+    auto names = list_shards(paths[i]);
+    if (names.empty()) raise(ErrorKind::Checkpoint, "'{}' holds no checkpoint shards", paths[i]);
+    if (i == 0) {
+      common = names;
+    } else {
+      std::vector<std::string> both;
+      std::set_intersection(common.begin(), common.end(), names.begin(), names.end(), std::back_inserter(both));
+      common = both;
+    }
+  }
+  if (common.empty()) raise(ErrorKind::Checkpoint, "the checkpoint folders have no step in common");
+  std::vector<std::string> out;
+  for (const auto& p : paths) out.push_back((fs::path(p) / common.back()).string());
+  std::printf("merging %s of every node\n", common.back().c_str());
+  return out;
+}
+
 void add_merge(CLI::App& ckpt) {
   auto* cmd = ckpt.add_subcommand("merge", "assemble the whole model from every node's shard of one step (each "
                                             "expert from its owner)");
   auto shards = std::make_shared<std::vector<std::string>>();
   auto out = std::make_shared<std::string>();
-  cmd->add_option("SHARDS", *shards, "the nodes' shard folders of one step")->required();
+  cmd->add_option("SHARDS", *shards, "the nodes' shard folders of one step, or their checkpoint folders (the newest "
+                                      "step they all hold is taken)")->required();
   cmd->add_option("-o,--out", *out, "the merged folder to write (must not exist)")->required();
   cmd->callback([shards, out] {
     std::vector<Shard> read;
-    for (const auto& p : *shards) read.push_back(read_shard(p));
+    for (const auto& p : shards_to_merge(*shards)) read.push_back(read_shard(p));
     Shard merged = merge_shards(std::move(read));
     write_shard_folder(*out, merged);
     std::printf("merged %zu shard(s) of step %lld (sync round %llu) into %s: %zu weights, %zu moments\n",

@@ -151,6 +151,10 @@ E1=$TMP/e/node1/checkpoints/step-00000020
 grep -q "merged 2 shard(s) of step 20 (sync round 2)" "$TMP/f.log" || fail "F: merge did not report step 20, round 2"
 grep -q "differ between the shards" "$TMP/f.log" && fail "F: shared tensors differ right after a round"
 "$SPES" ckpt inspect "$TMP/f/merged" > "$TMP/f_inspect.log" 2>&1 || fail "F: merged folder does not verify"
+# Checkpoint folders instead of shards: the newest step both hold (step 100, after the last round).
+"$SPES" ckpt merge "$TMP/e/node0/checkpoints" "$TMP/e/node1/checkpoints" -o "$TMP/f/merged_last" > "$TMP/f_last.log" 2>&1 ||
+  fail "F: merge of checkpoint folders failed"
+grep -q "merged 2 shard(s) of step 100" "$TMP/f_last.log" || fail "F: merge of folders did not take step 100"
 grep -q "from node 1: experts 4,5,6,7" "$TMP/f_inspect.log" || fail "F: inspect does not list node 1's experts"
 for what in merged node0; do
   src=$TMP/f/merged; [[ $what == node0 ]] && src=$E0

@@ -10,22 +10,26 @@
 # then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
 # About 40 minutes on 2 cores (10 per run).
 # usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
-#        a central run of the same STEPS already in runs/quality is reused when not named)
+#        a central run of the same STEPS already in runs/quality is reused when not named;
+#        QUALITY_OUT, QUALITY_CONFIG and QUALITY_NODE_BATCH change the folder, the config and
+#        the per-node batch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-200}
 shift || true
 RUNS=("$@")
 [[ ${#RUNS[@]} -gt 0 ]] || RUNS=(central spes-warmup spes-nowarmup spes-int8)
-OUT=runs/quality
+OUT=${QUALITY_OUT:-runs/quality}           # where runs and curves go
+CONFIG=${QUALITY_CONFIG:-configs/small.yaml}  # the model and data of every run
+NODE_BATCH=${QUALITY_NODE_BATCH:-8}           # sequences per node-step; central gets 4 times as many
 SPES=./build/spes
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
 mkdir -p "$OUT/curves"
 export OPENBLAS_NUM_THREADS=1
 
 central() {
-  OPENBLAS_NUM_THREADS=2 "$SPES" train -c configs/small.yaml --set "train.steps=$STEPS" --set train.eval_every=25 \
-    --set schedule.warmup_steps=20 --set train.batch_size=32 --set run.threads=2 --set "run.out_dir=$OUT/central" \
+  OPENBLAS_NUM_THREADS=2 "$SPES" train -c "$CONFIG" --set "train.steps=$STEPS" --set train.eval_every=25 \
+    --set schedule.warmup_steps=20 --set train.batch_size=$((4 * NODE_BATCH)) --set run.threads=2 --set "run.out_dir=$OUT/central" \
     > "$OUT/central.log" 2>&1
   mkdir -p "$OUT/curves/central" && cp "$OUT/central/metrics.jsonl" "$OUT/curves/central/"
 }
@@ -36,13 +40,14 @@ spes() {
   mkdir -p "$OUT/$name"
   cat > "$OUT/$name/cluster.yaml" <<YAML
 run: quality-$name
-config: configs/small.yaml
+config: $CONFIG
 out_dir: $OUT/$name/run
 token_file: $OUT/$name/token
 insecure: true
 assignment: contiguous
 set:
   train.steps: $STEPS
+  train.batch_size: $NODE_BATCH
   train.eval_every: 25
   schedule.warmup_steps: 20
   sync.every: $every

@@ -1,9 +1,10 @@
 #include "spes/ckpt/hf.h"
 
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -22,9 +23,10 @@ constexpr const char* kHfPrefix = "model.";
 
 std::string hf_name(const std::string& ours) { return ours == "lm_head.weight" ? ours : kHfPrefix + ours; }
 
-json olmoe_config(const ModelConfig& m) {
-  return {{"architectures", {"OlmoeForCausalLM"}},
-          {"model_type", "olmoe"},
+// The keys both MoE layouts write; each adds its own (architecture, QK-norm and expert sizes).
+json common_config(const ModelConfig& m, const char* architecture, const char* model_type) {
+  return {{"architectures", {architecture}},
+          {"model_type", model_type},
           {"vocab_size", m.vocab_size},
           {"hidden_size", m.d_model},
           {"intermediate_size", m.d_ff},
@@ -41,7 +43,6 @@ json olmoe_config(const ModelConfig& m) {
           {"rope_scaling", nullptr},
           {"attention_bias", false},
           {"attention_dropout", 0.0},
-          {"clip_qkv", nullptr},
           {"num_experts_per_tok", m.top_k},
           {"num_experts", m.n_experts},
           {"output_router_logits", false},
@@ -50,38 +51,22 @@ json olmoe_config(const ModelConfig& m) {
           {"torch_dtype", "float32"}};
 }
 
+json olmoe_config(const ModelConfig& m) {
+  json c = common_config(m, "OlmoeForCausalLM", "olmoe");
+  c["clip_qkv"] = nullptr;
+  return c;
+}
+
 json qwen3_moe_config(const ModelConfig& m) {
-  return {{"architectures", {"Qwen3MoeForCausalLM"}},
-          {"model_type", "qwen3_moe"},
-          {"vocab_size", m.vocab_size},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", m.d_ff},
-          {"moe_intermediate_size", m.d_ff},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.kv_heads()},
-          {"head_dim", m.head_dim()},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", m.max_seq_len},
-          {"initializer_range", m.init_std},
-          {"rms_norm_eps", m.rms_eps},
-          {"use_cache", true},
-          {"tie_word_embeddings", false},
-          {"rope_theta", m.rope_theta},
-          {"rope_scaling", nullptr},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"use_sliding_window", false},
-          {"sliding_window", nullptr},
-          {"max_window_layers", m.n_layers},
-          {"decoder_sparse_step", 1},
-          {"mlp_only_layers", json::array()},
-          {"num_experts_per_tok", m.top_k},
-          {"num_experts", m.n_experts},
-          {"output_router_logits", false},
-          {"router_aux_loss_coef", 0.01},
-          {"norm_topk_prob", m.norm_topk_prob},
-          {"torch_dtype", "float32"}};
+  json c = common_config(m, "Qwen3MoeForCausalLM", "qwen3_moe");
+  c["moe_intermediate_size"] = m.d_ff;
+  c["head_dim"] = m.head_dim();
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  c["max_window_layers"] = m.n_layers;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = json::array();
+  return c;
 }
 
 void write_tokenizer(const fs::path& dir, const std::string& tokenizer, const ModelConfig& m, json& config) {
@@ -109,11 +94,19 @@ void write_tokenizer(const fs::path& dir, const std::string& tokenizer, const Mo
 template <typename T>
 T config_value(const json& config, const std::string& key, const fs::path& file) {
   if (!config.contains(key)) raise(ErrorKind::Checkpoint, "{}: key '{}' is missing", file.string(), key);
-  try {
-    return config.at(key).get<T>();
-  } catch (const json::exception& e) {
-    raise(ErrorKind::Checkpoint, "{}: key '{}' has the wrong type ({})", file.string(), key, config.at(key).dump());
-  }
+  const json& v = config.at(key);
+  bool fits = false;
+  if constexpr (std::is_same_v<T, bool>) fits = v.is_boolean();
+  else if constexpr (std::is_integral_v<T>) fits = v.is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>) fits = v.is_number();
+  else fits = v.is_string();
+  if (!fits) raise(ErrorKind::Checkpoint, "{}: key '{}' has the wrong type ({})", file.string(), key, v.dump());
+  return v.get<T>();
+}
+
+template <typename T>
+T config_value_or(const json& config, const std::string& key, T fallback, const fs::path& file) {
+  return config.contains(key) && !config.at(key).is_null() ? config_value<T>(config, key, file) : fallback;
 }
 
 // A key that must be absent, null or the given value for the model to be ours.
@@ -123,28 +116,58 @@ void require(const json& config, const std::string& key, const json& want, const
         config.at(key).dump(), want.dump());
 }
 
-ModelConfig model_of_hf_config(const json& c, const fs::path& file) {
-  const std::string type = config_value<std::string>(c, "model_type", file);
-  if (type != "olmoe" && type != "qwen3_moe")
-    raise(ErrorKind::Checkpoint, "{}: model_type '{}' is not an MoE layout spes reads (olmoe, qwen3_moe)",
-          file.string(), type);
+// DIR/config.json, parsed.
+json read_config(const std::string& dir, fs::path& file) {
+  file = fs::path(dir) / "config.json";
+  if (!fs::exists(file)) raise(ErrorKind::Checkpoint, "'{}' has no config.json: not a Hugging Face model folder", dir);
+  try {
+    return json::parse(read_file(file));
+  } catch (const json::exception& e) {
+    raise(ErrorKind::Checkpoint, "{}: not JSON: {}", file.string(), e.what());
+  }
+}
+
+// What every layout spes reads has in common: sizes, heads, RoPE, norms, no biases, SwiGLU.
+// The caller sets QK-norm, d_ff and the experts, then `checked` validates the whole.
+ModelConfig common_model_config(const json& c, const fs::path& file) {
   ModelConfig m;
   m.vocab_size = config_value<std::int64_t>(c, "vocab_size", file);
   m.d_model = config_value<std::int64_t>(c, "hidden_size", file);
   m.n_layers = config_value<std::int64_t>(c, "num_hidden_layers", file);
   m.n_heads = config_value<std::int64_t>(c, "num_attention_heads", file);
-  const auto kv = c.contains("num_key_value_heads") ? config_value<std::int64_t>(c, "num_key_value_heads", file) : m.n_heads;
+  const auto kv = config_value_or<std::int64_t>(c, "num_key_value_heads", m.n_heads, file);
   m.n_kv_heads = kv == m.n_heads ? 0 : kv;
-  m.n_experts = config_value<std::int64_t>(c, "num_experts", file);
-  m.top_k = config_value<std::int64_t>(c, "num_experts_per_tok", file);
-  m.norm_topk_prob = c.contains("norm_topk_prob") && config_value<bool>(c, "norm_topk_prob", file);
-  if (c.contains("rope_theta")) m.rope_theta = config_value<double>(c, "rope_theta", file);
-  if (c.contains("rms_norm_eps")) m.rms_eps = config_value<double>(c, "rms_norm_eps", file);
-  if (c.contains("initializer_range")) m.init_std = config_value<double>(c, "initializer_range", file);
-  if (c.contains("max_position_embeddings")) m.max_seq_len = config_value<std::int64_t>(c, "max_position_embeddings", file);
+  m.rope_theta = config_value_or(c, "rope_theta", m.rope_theta, file);
+  m.rms_eps = config_value_or(c, "rms_norm_eps", m.rms_eps, file);
+  m.init_std = config_value_or(c, "initializer_range", m.init_std, file);
+  m.max_seq_len = config_value_or(c, "max_position_embeddings", m.max_seq_len, file);
   require(c, "rope_scaling", nullptr, file);
   require(c, "attention_bias", false, file);
   require(c, "hidden_act", "silu", file);
+  if (c.contains("head_dim") && !c.at("head_dim").is_null() && m.n_heads > 0 &&
+      config_value<std::int64_t>(c, "head_dim", file) != m.d_model / m.n_heads)
+    raise(ErrorKind::Checkpoint, "{}: head_dim {} differs from hidden_size / num_attention_heads = {}; spes models "
+          "have head_dim = d_model / n_heads", file.string(), c.at("head_dim").dump(), m.d_model / m.n_heads);
+  return m;
+}
+
+// The same checks a YAML model section gets.
+ModelConfig checked(const ModelConfig& m, const fs::path& file) {
+  ShardInfo probe;
+  probe.path = file.parent_path().string();
+  probe.config_fields = model_fields(m);
+  return model_config_of(probe);
+}
+
+ModelConfig moe_model_config(const json& c, const fs::path& file) {
+  const std::string type = config_value<std::string>(c, "model_type", file);
+  if (type != "olmoe" && type != "qwen3_moe")
+    raise(ErrorKind::Checkpoint, "{}: model_type '{}' is not an MoE layout spes reads (olmoe, qwen3_moe)",
+          file.string(), type);
+  ModelConfig m = common_model_config(c, file);
+  m.n_experts = config_value<std::int64_t>(c, "num_experts", file);
+  m.top_k = config_value<std::int64_t>(c, "num_experts_per_tok", file);
+  m.norm_topk_prob = config_value_or(c, "norm_topk_prob", false, file);
   if (type == "olmoe") {
     m.qk_norm = QkNorm::Full;
     m.d_ff = config_value<std::int64_t>(c, "intermediate_size", file);
@@ -155,16 +178,61 @@ ModelConfig model_of_hf_config(const json& c, const fs::path& file) {
     require(c, "decoder_sparse_step", 1, file);
     require(c, "mlp_only_layers", json::array(), file);
     require(c, "use_sliding_window", false, file);
-    if (c.contains("head_dim") && !c.at("head_dim").is_null() && m.n_heads > 0 &&
-        config_value<std::int64_t>(c, "head_dim", file) != m.d_model / m.n_heads)
-      raise(ErrorKind::Checkpoint, "{}: head_dim {} differs from hidden_size / num_attention_heads = {}; spes models "
-            "have head_dim = d_model / n_heads", file.string(), c.at("head_dim").dump(), m.d_model / m.n_heads);
   }
-  // The same checks a YAML model section gets.
-  ShardInfo probe;
-  probe.path = file.parent_path().string();
-  probe.config_fields = model_fields(m);
-  return model_config_of(probe);
+  return checked(m, file);
+}
+
+ModelConfig dense_model_config(const json& c, const fs::path& file) {
+  const std::string type = config_value_or<std::string>(c, "model_type", "", file);
+  if (type != "llama" && type != "mistral" && type != "qwen3")
+    raise(ErrorKind::Checkpoint, "{}: model_type '{}' is not a dense layout spes upcycles (llama, mistral, qwen3)",
+          file.string(), type);
+  ModelConfig m = common_model_config(c, file);
+  m.qk_norm = type == "qwen3" ? QkNorm::PerHead : QkNorm::None;
+  m.d_ff = config_value<std::int64_t>(c, "intermediate_size", file);
+  require(c, "mlp_bias", false, file);
+  // A sliding window no shorter than the context is plain causal attention.
+  if (c.contains("sliding_window") && c.at("sliding_window").is_number_integer() &&
+      config_value_or(c, "use_sliding_window", true, file) && c.at("sliding_window").get<std::int64_t>() < m.max_seq_len)
+    raise(ErrorKind::Checkpoint, "{}: sliding-window attention ({} tokens) is not supported", file.string(),
+          c.at("sliding_window").dump());
+  return checked(m, file);
+}
+
+// A weights-only folder of kind "imported" for model `m` from a Hugging Face folder's tensors:
+// each parameter from the tensor `hf_of(name)` names (an empty name: zeros, a dense model's
+// router), lm_head from the embedding when the embeddings are tied.
+Shard imported(const std::string& dir, const json& config, const ModelConfig& m,
+               const std::map<std::string, LoadedTensor>& tensors,
+               const std::function<std::string(const std::string&)>& hf_of) {
+  Shard out;
+  ShardInfo& info = out.info;
+  info.path = dir;
+  info.kind = "imported";
+  info.node_id = -1;
+  for (int e = 0; e < m.n_experts; ++e) info.owned_experts.push_back(e);
+  info.config_fields = model_fields(m);
+  info.origin = fs::absolute(dir).string();
+  if (fs::exists(fs::path(dir) / "tokenizer.model")) info.tokenizer = fs::absolute(fs::path(dir) / "tokenizer.model").string();
+  const bool tied = config.contains("tie_word_embeddings") && config.at("tie_word_embeddings") == true;
+  for (const auto& [name, shape] : parameter_shapes(m)) {
+    const std::string hf = hf_of(name);
+    if (hf.empty()) {
+      std::int64_t n = 1;
+      for (auto d : shape) n *= d;
+      out.model[name] = {shape, std::vector<float>(static_cast<std::size_t>(n), 0.0f)};
+      continue;
+    }
+    auto it = tensors.find(hf);
+    if (it == tensors.end() && name == "lm_head.weight" && tied) it = tensors.find(hf_name("embed_tokens.weight"));
+    if (it == tensors.end()) raise(ErrorKind::Checkpoint, "'{}' has no tensor '{}'", dir, hf);
+    if (it->second.shape != shape)
+      raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has shape [{}], config.json implies [{}]", dir, hf,
+            fmt::join(it->second.shape, ", "), fmt::join(shape, ", "));
+    out.model[name] = it->second;
+    info.bytes += static_cast<std::int64_t>(it->second.values.size() * sizeof(float));
+  }
+  return out;
 }
 
 }  // namespace
@@ -187,15 +255,6 @@ HfExportReport export_hf(const Shard& model, const std::string& out_dir, const s
     spdlog::warn("export: '{}' is node {}'s shard: the experts it does not own are its last synced copies; "
                  "`spes ckpt merge` the shards of all nodes first for the owners' weights", model.info.path,
                  model.info.node_id);
-  const fs::path target(out_dir);
-  if (fs::exists(target)) raise(ErrorKind::Io, "'{}' exists already: choose another folder or remove it", out_dir);
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  ensure_directory(parent);
-  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", target.filename().string(), static_cast<long>(::getpid()));
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  ensure_directory(tmp);
-
   std::vector<TensorView> views;
   for (const auto& [name, shape] : parameter_shapes(m)) {
     auto it = model.model.find(name);
@@ -206,19 +265,20 @@ HfExportReport export_hf(const Shard& model, const std::string& out_dir, const s
     report.bytes += static_cast<std::int64_t>(it->second.values.size() * sizeof(float));
   }
   report.tensors = views.size();
-  write_safetensors((tmp / "model.safetensors").string(), views);
-  if (!tokenizer.empty()) {
-    write_tokenizer(tmp, tokenizer, m, config);
-    report.tokenizer = true;
-  }
-  json generation{{"_from_model_config", true}};
-  if (config.contains("eos_token_id")) {
-    generation["bos_token_id"] = config["bos_token_id"];
-    generation["eos_token_id"] = config["eos_token_id"];
-  }
-  write_file_atomic(tmp / "generation_config.json", generation.dump(2));
-  write_file_atomic(tmp / "config.json", config.dump(2));
-  rename_durably(tmp, target);
+  write_folder_atomic(out_dir, [&](const fs::path& tmp) {
+    write_safetensors((tmp / "model.safetensors").string(), views);
+    if (!tokenizer.empty()) {
+      write_tokenizer(tmp, tokenizer, m, config);
+      report.tokenizer = true;
+    }
+    json generation{{"_from_model_config", true}};
+    if (config.contains("eos_token_id")) {
+      generation["bos_token_id"] = config["bos_token_id"];
+      generation["eos_token_id"] = config["eos_token_id"];
+    }
+    write_file_atomic(tmp / "generation_config.json", generation.dump(2));
+    write_file_atomic(tmp / "config.json", config.dump(2));
+  });
   return report;
 }
 
@@ -251,39 +311,15 @@ std::map<std::string, LoadedTensor> read_hf_tensors(const std::string& dir) {
 }
 
 Shard import_hf(const std::string& dir) {
-  const fs::path file = fs::path(dir) / "config.json";
-  if (!fs::exists(file)) raise(ErrorKind::Checkpoint, "'{}' has no config.json: not a Hugging Face model folder", dir);
-  json config;
-  try {
-    config = json::parse(read_file(file));
-  } catch (const json::exception& e) {
-    raise(ErrorKind::Checkpoint, "{}: not JSON: {}", file.string(), e.what());
-  }
-  const ModelConfig m = model_of_hf_config(config, file);
-  auto tensors = read_hf_tensors(dir);
-  Shard out;
-  ShardInfo& info = out.info;
-  info.kind = "imported";
-  info.node_id = -1;
-  for (int e = 0; e < m.n_experts; ++e) info.owned_experts.push_back(e);
-  info.config_fields = model_fields(m);
-  info.origin = fs::absolute(dir).string();
-  if (fs::exists(fs::path(dir) / "tokenizer.model")) info.tokenizer = fs::absolute(fs::path(dir) / "tokenizer.model").string();
-  info.path = dir;
-  const bool tied = config.contains("tie_word_embeddings") && config.at("tie_word_embeddings") == true;
-  for (const auto& [name, shape] : parameter_shapes(m)) {
-    auto it = tensors.find(hf_name(name));
-    if (it == tensors.end() && name == "lm_head.weight" && tied) it = tensors.find(hf_name("embed_tokens.weight"));
-    if (it == tensors.end()) raise(ErrorKind::Checkpoint, "'{}' has no tensor '{}'", dir, hf_name(name));
-    if (it->second.shape != shape)
-      raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has shape [{}], config.json implies [{}]", dir, hf_name(name),
-            fmt::join(it->second.shape, ", "), fmt::join(shape, ", "));
-    out.model[name] = it->second;
-  }
+  fs::path file;
+  const json config = read_config(dir, file);
+  const ModelConfig m = moe_model_config(config, file);
+  const auto tensors = read_hf_tensors(dir);
+  Shard out = imported(dir, config, m, tensors, hf_name);
   std::size_t unused = 0;
   std::string example;
   for (const auto& [name, t] : tensors) {
-    const bool known = name.rfind(kHfPrefix, 0) == 0 ? out.model.count(name.substr(6)) > 0 : out.model.count(name) > 0;
+    const bool known = out.model.count(name.rfind(kHfPrefix, 0) == 0 ? name.substr(6) : name) > 0;
     if (!known && name.find("rotary_emb.inv_freq") == std::string::npos) {
       ++unused;
       if (example.empty()) example = name;
@@ -292,8 +328,23 @@ Shard import_hf(const std::string& dir) {
   if (unused > 0)
     raise(ErrorKind::Checkpoint, "'{}' holds {} tensor(s) the {} layout does not have, e.g. '{}'", dir, unused,
           config.at("model_type").get<std::string>(), example);
-  for (const auto& [name, t] : out.model) info.bytes += static_cast<std::int64_t>(t.values.size() * sizeof(float));
   return out;
+}
+
+Shard import_hf_dense(const std::string& dir) {
+  fs::path file;
+  const json config = read_config(dir, file);
+  ModelConfig m = dense_model_config(config, file);
+  const auto tensors = read_hf_tensors(dir);
+  for (const auto& [name, t] : tensors)
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
+      raise(ErrorKind::Checkpoint, "'{}' has bias '{}', which spes models do not", dir, name);
+  // Our 1-expert form: the dense MLP is expert 0; a dense model has no router.
+  return imported(dir, config, m, tensors, [](const std::string& name) -> std::string {
+    if (name.find(".mlp.gate.weight") != std::string::npos) return "";
+    const auto at = name.find(".experts.0.");
+    return at == std::string::npos ? hf_name(name) : hf_name(name.substr(0, at) + "." + name.substr(at + 11));
+  });
 }
 
 Shard read_model_folder(const std::string& path) {

@@ -1,7 +1,6 @@
 #include "spes/ckpt/shard.h"
 
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -34,14 +33,13 @@ std::string text(double v) { return fmt::format("{}", v); }
 std::string text(std::int64_t v) { return std::to_string(v); }
 std::string text(bool v) { return v ? "true" : "false"; }
 
-json tensor_entries(const std::vector<TensorView>& views, const std::string& file, std::int64_t& bytes) {
+json tensor_entries(const std::vector<TensorView>& views, const std::string& file) {
   json out = json::object();
   for (const auto& v : views) {
     std::int64_t n = 1;
     for (auto d : v.shape) n *= d;
     out[v.name] = {{"file", file}, {"shape", v.shape}, {"dtype", "F32"},
                    {"crc32", crc_of(v.data, static_cast<std::size_t>(n))}};
-    bytes += n * static_cast<std::int64_t>(sizeof(float));
   }
   return out;
 }
@@ -203,38 +201,28 @@ void keep_newest_shards(const std::string& dir, int keep) {
 }
 
 void write_shard_folder(const std::string& final_path, const ShardInfo& info, const std::vector<TensorView>& weights,
-                        const std::vector<TensorView>& moments, bool replace) {
-  const fs::path target(final_path);
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (fs::exists(target) && !replace)
-    raise(ErrorKind::Io, "'{}' exists already: choose another folder or remove it", final_path);
-  ensure_directory(parent);
-  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", target.filename().string(), static_cast<long>(::getpid()));
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  ensure_directory(tmp);
-  write_safetensors((tmp / kModelFile).string(), weights);
-  write_safetensors((tmp / kOptimizerFile).string(), moments);
-  std::int64_t bytes = 0;
-  json manifest = manifest_of(info);
-  json tensors = tensor_entries(weights, kModelFile, bytes);
-  tensors.update(tensor_entries(moments, kOptimizerFile, bytes));
-  if (info.sync_carry) {
-    std::vector<TensorView> residuals;
-    for (const auto& [key, values] : info.sync_carry->residuals)
-      residuals.push_back({kResidualPrefix + key, {static_cast<std::int64_t>(values.size())}, values.data()});
-    write_safetensors((tmp / kSyncFile).string(), residuals);
-    tensors.update(tensor_entries(residuals, kSyncFile, bytes));
-  }
-  manifest["tensors"] = tensors;
-  // The manifest last: a folder without one is never taken for a shard.
-  write_file_atomic(tmp / "manifest.json", manifest.dump(1));
-  if (fs::exists(target)) fs::remove_all(target);
-  rename_durably(tmp, target);
+                        const std::vector<TensorView>& moments) {
+  write_folder_atomic(final_path, [&](const fs::path& tmp) {
+    write_safetensors((tmp / kModelFile).string(), weights);
+    write_safetensors((tmp / kOptimizerFile).string(), moments);
+    json manifest = manifest_of(info);
+    json tensors = tensor_entries(weights, kModelFile);
+    tensors.update(tensor_entries(moments, kOptimizerFile));
+    if (info.sync_carry) {
+      std::vector<TensorView> residuals;
+      for (const auto& [key, values] : info.sync_carry->residuals)
+        residuals.push_back({kResidualPrefix + key, {static_cast<std::int64_t>(values.size())}, values.data()});
+      write_safetensors((tmp / kSyncFile).string(), residuals);
+      tensors.update(tensor_entries(residuals, kSyncFile));
+    }
+    manifest["tensors"] = tensors;
+    // The manifest last: a folder without one is never taken for a shard.
+    write_file_atomic(tmp / "manifest.json", manifest.dump(1));
+  });
 }
 
-void write_shard_folder(const std::string& final_path, const Shard& shard, bool replace) {
-  write_shard_folder(final_path, shard.info, views_of(shard.model), views_of(shard.optimizer), replace);
+void write_shard_folder(const std::string& final_path, const Shard& shard) {
+  write_shard_folder(final_path, shard.info, views_of(shard.model), views_of(shard.optimizer));
 }
 
 Shard read_shard(const std::string& path) {

@@ -251,8 +251,10 @@ class NodeDaemon {
     log_round(r);
     round_step_ = s.step;
     // After the round: a shard resumes at a round boundary, with the engine's residuals.
-    const auto carry = engine_->carry();
-    checkpoint_if_due(trainer_, round_, carry ? &*carry : nullptr);
+    if (checkpoint_due(trainer_)) {
+      const auto carry = engine_->carry();
+      checkpoint_if_due(trainer_, round_, carry ? &*carry : nullptr);
+    }
     if (coordinator_ && s.step != config_.train.steps) {
       auto next = plan_for(round_ + 1);
       if (next && next->version != plan_.version) switch_plan(*next);

@@ -92,9 +92,13 @@ std::string write_shard(Trainer& trainer, std::uint64_t sync_round, const SyncCa
   return final_path.string();
 }
 
-void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry) {
+bool checkpoint_due(const Trainer& trainer) {
   const auto every = trainer.config().checkpoint.every;
-  if (every <= 0 || trainer.step_count() % every != 0) return;
+  return every > 0 && trainer.step_count() % every == 0;
+}
+
+void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry) {
+  if (!checkpoint_due(trainer)) return;
   const std::string path = write_shard(trainer, sync_round, carry);
   spdlog::info("checkpoint: wrote {}", path);
 }
@@ -136,7 +140,8 @@ void load_shard(Trainer& trainer, const Shard& shard, bool allow_mismatch) {
       const bool ours = expert < 0 || owned_before(info, c.run.node_id, expert);
       if (!ours || avg == shard.optimizer.end() || sq == shard.optimizer.end() || steps == info.adam_steps.end()) {
         optimizer.state().erase(key);
-        if (info.step > 0) expert < 0 ? void(++fresh_shared) : void(fresh_experts.insert(expert));
+        if (info.step > 0 && expert < 0) ++fresh_shared;
+        if (info.step > 0 && expert >= 0) fresh_experts.insert(expert);
         continue;
       }
       auto st = std::make_unique<torch::optim::AdamWParamState>();

@@ -75,6 +75,23 @@ void ensure_directory(const fs::path& path) {
   if (ec) raise(ErrorKind::Io, "cannot create directory '{}': {}", path.string(), ec.message());
 }
 
+void write_folder_atomic(const fs::path& target, const std::function<void(const fs::path& tmp)>& fill) {
+  if (fs::exists(target)) raise(ErrorKind::Io, "'{}' exists already: choose another folder or remove it", target.string());
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  ensure_directory(parent);
+  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  ensure_directory(tmp);
+  try {
+    fill(tmp);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  rename_durably(tmp, target);
+}
+
 MappedFile::MappedFile(const fs::path& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) raise(ErrorKind::Io, "cannot open '{}': {}", path.string(), std::strerror(errno));

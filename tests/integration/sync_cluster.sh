@@ -56,6 +56,19 @@ wait_cluster() {
   done
 }
 
+# kill_after_step20_shards NAME: once both nodes of 2-node cluster NAME have written their step-20
+# shard, kills them (SIGKILL) and waits for them.
+kill_after_step20_shards() {
+  local name=$1
+  for _ in $(seq 1 600); do
+    [[ -f $TMP/$name/node0/checkpoints/step-00000020/manifest.json &&
+       -f $TMP/$name/node1/checkpoints/step-00000020/manifest.json ]] && break
+    sleep 0.1
+  done
+  for p in "${node_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for p in "${node_pids[@]}"; do wait "$p" 2>/dev/null; done
+}
+
 final_loss() { grep -o "final validation loss [0-9.]*" "$1" | awk '{print $4}'; }
 
 # ---- A: 4 nodes, fp32, exact SPES result ----
@@ -106,12 +119,7 @@ done
 start_cluster e_full 2 100 10 --set merge.alpha=0
 wait_cluster e_full
 start_cluster e 2 100 10 --set merge.alpha=0 --set checkpoint.every=20 --set checkpoint.keep=10
-for _ in $(seq 1 600); do
-  [[ -f $TMP/e/node0/checkpoints/step-00000020/manifest.json && -f $TMP/e/node1/checkpoints/step-00000020/manifest.json ]] && break
-  sleep 0.1
-done
-for p in "${node_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-for p in "${node_pids[@]}"; do wait "$p" 2>/dev/null; done
+kill_after_step20_shards e
 rm -f "$TMP"/e/dump/node*/round10_post.safetensors
 start_cluster e 2 100 10 --set merge.alpha=0 --set checkpoint.every=20 --set checkpoint.keep=10 \
   --set checkpoint.resume=step-00000020
@@ -127,12 +135,7 @@ LOSSY=(--set merge.alpha=0 --set sync.encoding.shared=int8_delta --set sync.enco
 start_cluster e2_full 2 40 10 "${LOSSY[@]}"
 wait_cluster e2_full
 start_cluster e2 2 40 10 "${LOSSY[@]}" --set checkpoint.every=20
-for _ in $(seq 1 600); do
-  [[ -f $TMP/e2/node0/checkpoints/step-00000020/manifest.json && -f $TMP/e2/node1/checkpoints/step-00000020/manifest.json ]] && break
-  sleep 0.1
-done
-for p in "${node_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-for p in "${node_pids[@]}"; do wait "$p" 2>/dev/null; done
+kill_after_step20_shards e2
 rm -f "$TMP"/e2/dump/node*/round4_post.safetensors
 [[ -f $TMP/e2/node0/checkpoints/step-00000020/sync.safetensors ]] || fail "E2: the shard holds no residuals"
 start_cluster e2 2 40 10 "${LOSSY[@]}" --set checkpoint.every=20 --set checkpoint.resume=step-00000020

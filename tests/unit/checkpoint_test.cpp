@@ -14,10 +14,8 @@ namespace spes {
 namespace {
 namespace fs = std::filesystem;
 
-struct ScratchDir {
-  fs::path path = fs::temp_directory_path() / ("spes-ckpt-test-" + std::to_string(::getpid()));
-  ScratchDir() { fs::remove_all(path); }
-  ~ScratchDir() { fs::remove_all(path); }
+struct ScratchDir : test::ScratchDir {
+  ScratchDir() : test::ScratchDir("ckpt-test") {}
 };
 
 Config config_in(const ScratchDir& d, std::vector<std::string> extra = {}) {

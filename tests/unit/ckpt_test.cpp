@@ -1,7 +1,6 @@
 // Checkpoint folders without torch: merging node shards, Hugging Face export and import,
 // upcycling, and reading 16-bit safetensors.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -15,15 +14,14 @@
 #include "spes/model/size.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
+#include "test_paths.h"
 
 namespace spes {
 namespace {
 namespace fs = std::filesystem;
 
-struct Scratch {
-  fs::path path = fs::temp_directory_path() / ("spes-ckpt-tools-" + std::to_string(::getpid()));
-  Scratch() { fs::remove_all(path); }
-  ~Scratch() { fs::remove_all(path); }
+struct Scratch : test::ScratchDir {
+  Scratch() : test::ScratchDir("ckpt-tools") {}
 };
 
 ModelConfig small_model(QkNorm qk = QkNorm::Full, std::int64_t experts = 4) {

@@ -32,6 +32,11 @@ HfExportReport export_hf(const Shard& model, const std::string& out_dir, const s
 // tensor.
 Shard import_hf(const std::string& dir);
 
+// Reads a dense Llama / Mistral / Qwen3 folder (safetensors) as a 1-expert model in our names
+// (the MLP as expert 0, a zero router), kind "imported", for upcycling. Error(Checkpoint) for what
+// spes cannot hold: biases, rope scaling, sliding windows, head_dim != hidden / heads.
+Shard import_hf_dense(const std::string& dir);
+
 // Every tensor of a Hugging Face folder under its own name (model.safetensors, or the files a
 // model.safetensors.index.json lists), widened to fp32.
 std::map<std::string, LoadedTensor> read_hf_tensors(const std::string& dir);

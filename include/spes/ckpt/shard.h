@@ -70,14 +70,13 @@ std::string config_hash(const Config& config);
 // The model configuration a folder was written with (from its model.* fields).
 ModelConfig model_config_of(const ShardInfo& info);
 
-// Writes a checkpoint folder at `final_path` (its parent is created): the tensors into a
-// temporary sibling folder, every file fsynced, the manifest last, then one rename. An existing
-// folder at final_path is an error unless `replace`. info.path, bytes and tensor checksums are
-// filled in here.
+// Writes a checkpoint folder at `final_path` (write_folder_atomic: every file fsynced, the
+// manifest last, one rename; an existing folder is an error). The manifest's config hash and
+// tensor checksums are computed here from info.config_fields and the tensors.
 void write_shard_folder(const std::string& final_path, const ShardInfo& info, const std::vector<TensorView>& weights,
-                        const std::vector<TensorView>& moments, bool replace = false);
+                        const std::vector<TensorView>& moments);
 // Same from loaded tensors (merge, import, upcycle).
-void write_shard_folder(const std::string& final_path, const Shard& shard, bool replace = false);
+void write_shard_folder(const std::string& final_path, const Shard& shard);
 
 // Reads a folder and verifies it against its manifest: every file present, every tensor's
 // shape and crc32. Error(Checkpoint) naming the folder and what is wrong.

@@ -22,8 +22,8 @@ struct UpcycleOptions {
 };
 
 // A dense model as a 1-expert folder in our names: a spes folder with model.n_experts 1, or a
-// Hugging Face Llama / Mistral / Qwen3 dense folder (safetensors). Error(Checkpoint) for
-// layouts spes cannot hold (biases, post-norm, head_dim != hidden / heads, sliding windows).
+// Hugging Face Llama / Mistral / Qwen3 dense folder (import_hf_dense). Error(Checkpoint) for
+// anything else.
 Shard read_dense_folder(const std::string& path);
 
 // The MoE (kind "upcycled", step 0, no optimizer state) from a 1-expert `dense` model.

@@ -22,7 +22,9 @@ class Trainer;
 // after round sync_round (what makes a lossy-encoded run resume bit-exactly).
 std::string write_shard(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry = nullptr);
 
-// After a step: writes a shard when checkpoint.every divides the step (and logs it).
+// Whether checkpoint.every asks for a shard at the trainer's current step.
+bool checkpoint_due(const Trainer& trainer);
+// After a step: writes a shard when checkpoint_due (and logs it).
 void checkpoint_if_due(Trainer& trainer, std::uint64_t sync_round, const SyncCarry* carry = nullptr);
 
 // Loads a verified folder: weights, AdamW moments and step counts, the step counter and the data

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -16,6 +17,12 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
 void ensure_directory(const std::filesystem::path& path);
 // Renames a file or folder (same filesystem) and fsyncs the parent, so the rename survives a crash.
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// Builds a folder under a hidden temporary sibling name (`fill` writes into it), then renames it
+// to `target`, fsyncing the parent: a crash or an error leaves the whole folder or none (the
+// temporary one is removed on error). Error(Io) when `target` exists already.
+void write_folder_atomic(const std::filesystem::path& target,
+                         const std::function<void(const std::filesystem::path& tmp)>& fill);
 
 // A read-only memory map of a whole file. Movable, not copyable. Thread-safe for reads.
 class MappedFile {

@@ -53,8 +53,12 @@ std::pair<std::string, int> split_address(const std::string& address) {
   return {address.substr(0, colon), std::stoi(address.substr(colon + 1))};
 }
 
+// Free means nothing listens there. Connections of a run that just ended (TIME_WAIT) do not
+// count: SO_REUSEADDR, as gRPC sets on its own listeners, lets the services bind past them.
 bool port_free(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

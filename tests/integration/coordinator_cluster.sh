@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The coordinator and launch-local, as a user runs them (tiny config, loopback):
 #   E. launch-local: coordinator + 3 nodes end to end; every node finished, weights identical
-#      after the last round, summary and plot written;
+#      after the last round, summary and plot written; E2: a port in TIME_WAIT is free;
 #   F. a node killed (SIGKILL) mid-run: the coordinator reassigns its experts after the grace
 #      period; the coordinator itself is killed and restarted; the node comes back, catches up
 #      from the others' round, gets experts again; all three finish with identical weights;
@@ -76,6 +76,27 @@ if "$SPES" launch-local "$TMP/e/cluster.yaml" --refresh 2 > "$TMP/e/launch.log" 
   grep -q "step .*/40" "$TMP/e/launch.log" || fail "E: no live progress"
 else
   fail "E: launch-local failed"; tail -20 "$TMP/e/launch.log"
+fi
+
+# ---- E2: ports with connections of a run that just ended ----
+# A connection the server side closed first stays in TIME_WAIT on the server's port for a minute;
+# nothing listens there, so launch-local must start (gRPC binds with SO_REUSEADDR).
+write_cluster e2 20
+coord_port=$(grep -o "127.0.0.1:[0-9]*" "$TMP/e2/cluster.yaml" | head -1 | cut -d: -f2)
+python3 - "$coord_port" <<'PY'
+import socket, sys, time
+port = int(sys.argv[1])
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", port)); srv.listen()
+client = socket.create_connection(("127.0.0.1", port)); conn, _ = srv.accept()
+conn.close(); time.sleep(0.1); client.close(); srv.close()
+PY
+ss -tan | grep -q "TIME-WAIT.*127.0.0.1\]*:$coord_port " || fail "E2: no TIME_WAIT made on port $coord_port"
+if "$SPES" launch-local "$TMP/e2/cluster.yaml" --refresh 2 --no-plot > "$TMP/e2/launch.log" 2>&1 &&
+   grep -q "node 0 done: 2 rounds" "$TMP/e2/run/node0/node.log"; then
+  echo "ok   E2: launch-local on ports with connections of a run that just ended (TIME_WAIT)"
+else
+  fail "E2: launch on a port in TIME_WAIT: $(grep -m1 -i "error\|in use" "$TMP/e2/launch.log")"
 fi
 
 # ---- F: node killed, reassigned, coordinator restarted, node back ----
@@ -165,7 +186,8 @@ kill -INT "$launcher"
 wait "$launcher"; rc=$?
 left=$(pgrep -f "$TMP/i/" | tr '\n' ' ')
 bound=$(for p in $(grep -o "127.0.0.1:[0-9]*" "$TMP/i/cluster.yaml" | cut -d: -f2); do
-  python3 -c "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',$p))" 2>/dev/null || echo "$p"; done | tr '\n' ' ')
+  python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$p))" \
+    2>/dev/null || echo "$p"; done | tr '\n' ' ')
 [[ $rc -ne 0 && -z "$left" && -z "$bound" ]] && grep -q "every process it started has exited" "$TMP/i/launch.log" &&
   echo "ok   I: Ctrl-C: launch-local stopped every process it started (exit $rc), no port left bound" ||
   fail "I: Ctrl-C: rc $rc, processes left: '$left', ports bound: '$bound'"

@@ -12,7 +12,8 @@
 # usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
 #        a central run of the same STEPS already in runs/quality is reused when not named;
 #        QUALITY_OUT, QUALITY_CONFIG and QUALITY_NODE_BATCH change the folder, the config and
-#        the per-node batch)
+#        the per-node batch; QUALITY_SET="key=value ..." overrides config keys in every run,
+#        e.g. QUALITY_SET="optim.lr=4.5e-3 model.d_ff=8")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-200}
@@ -22,6 +23,7 @@ RUNS=("$@")
 OUT=${QUALITY_OUT:-runs/quality}           # where runs and curves go
 CONFIG=${QUALITY_CONFIG:-configs/small.yaml}  # the model and data of every run
 NODE_BATCH=${QUALITY_NODE_BATCH:-8}           # sequences per node-step; central gets 4 times as many
+read -r -a EXTRA_SET <<< "${QUALITY_SET:-}"     # key=value overrides for every run (e.g. optim.lr=4e-3)
 SPES=./build/spes
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
 mkdir -p "$OUT/curves"
@@ -30,7 +32,7 @@ export OPENBLAS_NUM_THREADS=1
 central() {
   OPENBLAS_NUM_THREADS=2 "$SPES" train -c "$CONFIG" --set "train.steps=$STEPS" --set train.eval_every=25 \
     --set schedule.warmup_steps=20 --set train.batch_size=$((4 * NODE_BATCH)) --set run.threads=2 --set "run.out_dir=$OUT/central" \
-    > "$OUT/central.log" 2>&1
+    "${EXTRA_SET[@]/#/--set=}" > "$OUT/central.log" 2>&1
   mkdir -p "$OUT/curves/central" && cp "$OUT/central/metrics.jsonl" "$OUT/curves/central/"
 }
 
@@ -53,6 +55,7 @@ set:
   sync.every: $every
   sync.peer_wait_s: 60
 $extra
+$(for kv in "${EXTRA_SET[@]}"; do echo "  ${kv%%=*}: ${kv#*=}"; done)
 coordinator: {address: 127.0.0.1:$port, heartbeat_s: 2, dead_after_s: 60, grace_s: 60}
 nodes:
   - {id: 0, address: 127.0.0.1:$((port + 1))}

@@ -51,13 +51,14 @@ void add_eval(CLI::App& app) {
   auto data = std::make_shared<std::string>();
   auto seq_len = std::make_shared<std::int64_t>(0);
   auto batch = std::make_shared<std::int64_t>(8);
-  auto batches = std::make_shared<std::int64_t>(0);
+  auto windows = std::make_shared<std::int64_t>(0);
   add_model_options(*cmd, *o);
   cmd->add_option("--data", *data, "token shard (e.g. data/brown/val.bin from spes data prepare)")->required();
   cmd->add_option("--seq-len", *seq_len, "tokens per window (0 = the run's data.seq_len, else the model's context)");
   cmd->add_option("--batch-size", *batch, "windows per forward pass")->capture_default_str();
-  cmd->add_option("--batches", *batches, "batches to evaluate (0 = every whole window once)")->capture_default_str();
-  cmd->callback([o, data, seq_len, batch, batches] {
+  cmd->add_option("--windows", *windows, "windows to evaluate, from the start of the shard (0 = every whole window once)")
+      ->capture_default_str();
+  cmd->callback([o, data, seq_len, batch, windows] {
     const Shard folder = open_model(*o);
     const ModelConfig m = model_config_of(folder.info);
     const TokenShard shard(*data);
@@ -69,7 +70,7 @@ void add_eval(CLI::App& app) {
     if (*batch < 1) raise(ErrorKind::Usage, "--batch-size must be at least 1");
     MoeTransformer model = build_model(folder);
     const auto start = std::chrono::steady_clock::now();
-    const EvalStats e = evaluate_model(model, shard, S, *batch, *batches);
+    const EvalStats e = evaluate_model(model, shard, S, *batch, *windows);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("%s on %s: loss %.6f, perplexity %.3f over %lld tokens (windows of %lld; %.0f tokens/s)\n",
                 o->path.c_str(), data->c_str(), e.loss, e.perplexity, static_cast<long long>(e.tokens),

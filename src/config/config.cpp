@@ -177,7 +177,10 @@ void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
   r.get("grad_accum", c.grad_accum);
   r.get("log_every", c.log_every);
   r.get("eval_every", c.eval_every);
-  r.get("eval_batches", c.eval_batches);
+  if (r.has("eval_batches"))
+    r.fail("eval_batches", "was replaced by train.eval_windows: how many validation windows each evaluation "
+                           "reads, the same ones whatever the batch size (eval_batches × batch_size gives the old count)");
+  r.get("eval_windows", c.eval_windows);
   c.owned_experts = read_expert_list(r, r.raw("owned_experts"), "owned_experts");
   r.finish();
   if (c.steps <= 0) r.fail("steps", "must be positive");
@@ -185,7 +188,7 @@ void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
   if (c.grad_accum <= 0) r.fail("grad_accum", "must be positive");
   if (c.log_every <= 0) r.fail("log_every", "must be positive");
   if (c.eval_every < 0) r.fail("eval_every", "must be >= 0 (0 = only at the end)");
-  if (c.eval_batches <= 0) r.fail("eval_batches", "must be positive");
+  if (c.eval_windows <= 0) r.fail("eval_windows", "must be positive");
   std::set<int> seen;
   for (int e : c.owned_experts) {
     if (e < 0 || e >= model.n_experts)

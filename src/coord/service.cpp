@@ -73,7 +73,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
   explicit Impl(const ClusterConfig& c) : cluster(c), transport(cluster_transport(c)) {
     n_experts = load_base_config(c).model.n_experts;
     const auto owned = assign_experts(c, n_experts);
-    MembershipPlan first{1, 1, {}};
+    MembershipPlan first{1, 1, {}, {}};
     for (std::size_t i = 0; i < c.nodes.size(); ++i) {
       planned[c.nodes[i].id] = owned[i];
       first.members.push_back({c.nodes[i].id, c.nodes[i].address, owned[i]});

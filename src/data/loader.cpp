@@ -88,15 +88,15 @@ std::int64_t validation_windows(const TokenShard& shard, std::int64_t seq_len) {
   return n > seq_len ? (n - 1) / seq_len : 0;
 }
 
-TokenBatch validation_batch(const TokenShard& shard, std::int64_t seq_len, std::int64_t batch,
-                            std::int64_t batch_index) {
+TokenBatch validation_batch(const TokenShard& shard, std::int64_t seq_len, std::int64_t first,
+                            std::int64_t count) {
   const std::int64_t windows = validation_windows(shard, seq_len);
   if (windows < 1)
     raise(ErrorKind::Data, "validation shard '{}' holds {} tokens, too few for one window of {}",
           shard.path().string(), shard.size(), seq_len + 1);
-  TokenBatch b = empty_batch(batch, seq_len);
-  for (std::int64_t row = 0; row < batch; ++row) {
-    std::int64_t w = (batch_index * batch + row) % windows;
+  TokenBatch b = empty_batch(count, seq_len);
+  for (std::int64_t row = 0; row < count; ++row) {
+    std::int64_t w = (first + row) % windows;
     copy_window(shard, w * seq_len, seq_len, b.inputs.data() + row * seq_len, b.targets.data() + row * seq_len);
   }
   return b;

@@ -41,21 +41,23 @@ MoeTransformer build_model(const Shard& folder) {
 }
 
 EvalStats evaluate_model(MoeTransformer& model, const TokenShard& shard, std::int64_t seq_len,
-                         std::int64_t batch_size, std::int64_t batches) {
-  if (batches <= 0) batches = std::max<std::int64_t>(1, validation_windows(shard, seq_len) / batch_size);
+                         std::int64_t batch_size, std::int64_t windows) {
+  const std::int64_t available = validation_windows(shard, seq_len);
+  if (windows <= 0 || windows > available) windows = std::max<std::int64_t>(1, available);
   torch::NoGradGuard no_grad;
-  double sum = 0.0;
+  double sum = 0.0;  // sum over windows of each window's mean cross-entropy
   EvalStats e;
-  for (std::int64_t i = 0; i < batches; ++i) {
-    TokenBatch batch = validation_batch(shard, seq_len, batch_size, i);
+  for (std::int64_t first = 0; first < windows; first += batch_size) {
+    const std::int64_t count = std::min(batch_size, windows - first);
+    TokenBatch batch = validation_batch(shard, seq_len, first, count);
     auto to_tensor = [&](const std::vector<std::int64_t>& v) {
       return torch::from_blob(const_cast<std::int64_t*>(v.data()), {batch.batch, batch.seq_len}, torch::kInt64);
     };
     ModelOutput out = model->forward(to_tensor(batch.inputs));
-    sum += compute_loss(out, to_tensor(batch.targets), LossConfig{}).ce.item<double>();
+    sum += compute_loss(out, to_tensor(batch.targets), LossConfig{}).ce.item<double>() * static_cast<double>(count);
     e.tokens += batch.batch * batch.seq_len;
   }
-  e.loss = sum / static_cast<double>(batches);
+  e.loss = sum / static_cast<double>(windows);
   e.perplexity = std::exp(e.loss);
   return e;
 }

@@ -119,7 +119,7 @@ StepStats Trainer::step() {
 
 EvalStats Trainer::evaluate() {
   EvalStats e = evaluate_model(model_, val_shard_, config_.data.seq_len, config_.train.batch_size,
-                               config_.train.eval_batches);
+                               config_.train.eval_windows);
   e.step = step_;
   if (metrics_) metrics_->write(e);
   return e;

@@ -29,7 +29,7 @@ train() {
     --set checkpoint.every="$steps" "$@" > "$TMP/$name.log" 2>&1 || fail "$name: training failed"
   printf '%s/%s/checkpoints/step-%08d' "$TMP" "$name" "$steps"
 }
-eval_loss() { "$SPES" eval "$1" --data "$VAL" --seq-len 64 --batch-size 2 --batches 1 | grep -o "loss [0-9.]*" | awk '{print $2}'; }
+eval_loss() { "$SPES" eval "$1" --data "$VAL" --seq-len 64 --batch-size 2 --windows 2 | grep -o "loss [0-9.]*" | awk '{print $2}'; }
 ref_loss() { "$PY" "$SRC/scripts/hf_reference.py" "$1" "$VAL" --seq-len 64 --windows 2 | awk '{print $2}'; }
 close() { "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > $3 * max(1, abs(a)))" "$1" "$2"; }
 

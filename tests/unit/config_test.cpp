@@ -76,6 +76,13 @@ TEST(Config, UnknownKeyNamesFileLineAndKey) {
   EXPECT_NE(msg.find("unknown key 'trainer'"), std::string::npos) << msg;
 }
 
+TEST(Config, RetiredEvalBatchesPointsToEvalWindows) {
+  std::string msg = config_error(std::string(kMinimal) + "train:\n  eval_batches: 4\n");
+  EXPECT_NE(msg.find("train.eval_batches"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("replaced by train.eval_windows"), std::string::npos) << msg;
+  EXPECT_EQ(load_config(test::config_path("small")).train.eval_windows, 64);
+}
+
 TEST(Config, WrongTypeNamesLineAndKey) {
   std::string msg = config_error(std::string(kMinimal) + "train:\n  steps: many\n");
   EXPECT_NE(msg.find("test.yaml:10 (train.steps)"), std::string::npos) << msg;

@@ -196,9 +196,13 @@ TEST_F(SamplerTest, TooShortShardAndValidationWindows) {
   std::string msg = data_error([&] { WindowSampler s(*shard_, 600, 1, 0); });
   EXPECT_NE(msg.find("too few for one training window"), std::string::npos) << msg;
   EXPECT_EQ(validation_windows(*shard_, 100), 9);
-  auto v1 = validation_batch(*shard_, 100, 2, 0), v2 = validation_batch(*shard_, 100, 2, 0);
+  auto v1 = validation_batch(*shard_, 100, 0, 2), v2 = validation_batch(*shard_, 100, 0, 2);
   EXPECT_EQ(v1.inputs, v2.inputs);
   EXPECT_EQ(v1.inputs[100], 100 % 97);  // second window starts at token 100
+  // Window i is the same whichever call reads it: windows 1..3 in one call = the tail of 0..3.
+  auto all = validation_batch(*shard_, 100, 0, 4), tail = validation_batch(*shard_, 100, 1, 3);
+  EXPECT_EQ(std::vector<std::int64_t>(all.inputs.begin() + 100, all.inputs.end()), tail.inputs);
+  EXPECT_EQ(validation_batch(*shard_, 100, 9, 1).inputs, validation_batch(*shard_, 100, 0, 1).inputs);  // wraps
 }
 
 TEST(Split, ByNameHashIsStableAndProportional) {

@@ -5,6 +5,8 @@
 #include <map>
 
 #include "spes/ckpt/upcycle.h"
+#include "spes/data/loader.h"
+#include "spes/data/shard.h"
 #include "spes/model/size.h"
 #include "spes/train/inference.h"
 #include "torch_helpers.h"
@@ -55,6 +57,26 @@ TEST(ParameterShapes, MatchTheModelsTensorsInOrder) {
 }
 
 // Feeding a sequence in pieces through the cache gives the logits of one full forward pass.
+// Which validation tokens count must not depend on the batch size: a run with 4x the batch
+// (the centralized side of the quality experiment) is compared with SPES nodes on the same windows.
+TEST(Evaluate, SameWindowsWhateverTheBatchSize) {
+  ModelConfig m = test_model(4);
+  m.vocab_size = 512;  // the tiny fixture's vocabulary
+  MoeTransformer model(m, 5);
+  const TokenShard val(std::filesystem::path(test::tiny_data_dir()) / "val.bin");
+  const EvalStats one = evaluate_model(model, val, 32, 1, 10);
+  EXPECT_EQ(one.tokens, 10 * 32);
+  for (std::int64_t batch : {3, 4, 10, 64}) {
+    const EvalStats e = evaluate_model(model, val, 32, batch, 10);
+    EXPECT_EQ(e.tokens, one.tokens) << "batch " << batch;
+    EXPECT_NEAR(e.loss, one.loss, 1e-5) << "batch " << batch;
+  }
+  // A different window set gives a different loss (the comparison above can fail).
+  EXPECT_GT(std::abs(evaluate_model(model, val, 32, 4, 11).loss - one.loss), 1e-6);
+  // 0 = every whole window once.
+  EXPECT_EQ(evaluate_model(model, val, 32, 64, 0).tokens, validation_windows(val, 32) * 32);
+}
+
 TEST(KvCache, ChunkedForwardEqualsTheFullPass) {
   torch::NoGradGuard no_grad;
   for (QkNorm qk : {QkNorm::Full, QkNorm::PerHead}) {

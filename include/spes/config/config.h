@@ -81,7 +81,8 @@ struct TrainConfig {
   std::int64_t grad_accum = 1;       // micro-batches per optimizer step
   std::int64_t log_every = 10;
   std::int64_t eval_every = 100;     // 0 = only at the end
-  std::int64_t eval_batches = 8;
+  std::int64_t eval_windows = 64;    // validation windows (data.seq_len tokens each) per evaluation:
+                                     // the first ones of val.bin, the same whatever the batch size
   std::vector<int> owned_experts;    // expert indices (same in every layer) this node trains; empty = all
 };
 

@@ -52,10 +52,11 @@ class WindowSampler {
   std::vector<std::uint32_t> order_;
 };
 
-// Validation windows: the same fixed, non-overlapping windows from the start of the shard on
-// every call, so losses are comparable across steps and nodes.
-TokenBatch validation_batch(const TokenShard& shard, std::int64_t seq_len, std::int64_t batch,
-                            std::int64_t batch_index);
+// Validation windows: fixed, non-overlapping windows of seq_len tokens from the start of the
+// shard; window i is the same on every call, so losses are comparable across steps, nodes and
+// batch sizes. Returns windows first .. first+count-1 (wrapping around at the shard's end).
+TokenBatch validation_batch(const TokenShard& shard, std::int64_t seq_len, std::int64_t first,
+                            std::int64_t count);
 // How many distinct validation windows the shard holds.
 std::int64_t validation_windows(const TokenShard& shard, std::int64_t seq_len);
 

@@ -18,11 +18,12 @@ namespace spes {
 // The model a folder describes, with its weights (Error(Checkpoint) for a missing or misshaped one).
 MoeTransformer build_model(const Shard& folder);
 
-// Mean cross-entropy (and perplexity) over `batches` batches of `batch_size` consecutive windows
-// of seq_len tokens from the start of `shard`, wrapping around at its end (batches 0 = every
-// whole window once). Error(Data) when the shard is shorter than one window.
+// Mean cross-entropy per token (and perplexity) over the first `windows` validation windows of
+// seq_len tokens of `shard` (0, or more than it holds: every whole window once), run in forward
+// passes of up to `batch_size` windows. The batch size changes only the speed, not which tokens
+// count. Error(Data) when the shard is shorter than one window.
 EvalStats evaluate_model(MoeTransformer& model, const TokenShard& shard, std::int64_t seq_len,
-                         std::int64_t batch_size, std::int64_t batches);
+                         std::int64_t batch_size, std::int64_t windows);
 
 struct SamplingOptions {
   double temperature = 1.0;  // 0 = greedy (argmax)

@@ -68,6 +68,7 @@ void add_eval(CLI::App& app) {
     const std::int64_t S = *seq_len > 0 ? *seq_len : default_seq_len(folder.info, m);
     if (S > m.max_seq_len) raise(ErrorKind::Usage, "--seq-len {} exceeds the model's context of {}", S, m.max_seq_len);
     if (*batch < 1) raise(ErrorKind::Usage, "--batch-size must be at least 1");
+    if (*windows < 0) raise(ErrorKind::Usage, "--windows must be 0 (every window) or more");
     MoeTransformer model = build_model(folder);
     const auto start = std::chrono::steady_clock::now();
     const EvalStats e = evaluate_model(model, shard, S, *batch, *windows);

@@ -102,6 +102,7 @@ expect merge-missing 5 "no shard owns expert(s) 4,5,6,7" -- "$SPES" ckpt merge "
 expect eval-no-data 4 "val.bin" -- "$SPES" eval "$TMP/hf" --data "$TMP/val.bin"
 expect upcycle-moe 5 "upcycle starts from a dense model" -- "$SPES" ckpt upcycle "$TMP/imported" -o "$TMP/x"
 expect generate-bad-p 2 "--top-p" -- "$SPES" generate "$TMP/hf" -p hi --top-p 0
+expect eval-bad-windows 2 "--windows must be 0" -- "$SPES" eval "$TMP/hf" --data "$VAL" --windows -1
 expect eval-not-model 5 "neither a spes checkpoint folder" -- "$SPES" eval "$TMP" --data "$VAL"
 [[ -e $TMP/x ]] && fail "E: a failed command left $TMP/x behind"
 [[ $failures -eq 0 ]] && echo "ok   E: bad input is refused with clear messages"

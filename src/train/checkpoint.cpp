@@ -18,7 +18,7 @@ namespace {
 
 torch::optim::AdamWParamState* adam_state(torch::optim::AdamW& optimizer, const torch::Tensor& p) {
   auto& states = optimizer.state();
-  auto it = states.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+  auto it = states.find(p.unsafeGetTensorImpl());
   return it == states.end() ? nullptr : static_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
@@ -133,7 +133,7 @@ void load_shard(Trainer& trainer, const Shard& shard, bool allow_mismatch) {
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) {
       const std::string& name = names.at(p.unsafeGetTensorImpl());
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      void* const key = p.unsafeGetTensorImpl();
       const int expert = expert_index_of(name);
       auto avg = shard.optimizer.find(name + ".exp_avg"), sq = shard.optimizer.find(name + ".exp_avg_sq");
       auto steps = info.adam_steps.find(name);

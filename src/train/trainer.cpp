@@ -137,7 +137,7 @@ std::vector<int> Trainer::set_owned_experts(const std::vector<int>& owned) {
   trainable_ = model_->trainable_parameters();
   optimizer_ = make_adamw(trainable_, config_.optim);
   for (const auto& p : trainable_) {
-    auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    auto key = p.unsafeGetTensorImpl();
     auto it = old_state.find(key);
     if (it != old_state.end()) optimizer_->state()[key] = std::move(it->second);
   }

@@ -125,7 +125,7 @@ const torch::optim::AdamWParamState* state_of(Trainer& t, const std::string& nam
   for (const auto& item : t.model()->named_parameters())
     if (item.key() == name) {
       auto& states = t.optimizer().state();
-      auto it = states.find(c10::guts::to_string(item.value().unsafeGetTensorImpl()));
+      auto it = states.find(item.value().unsafeGetTensorImpl());
       return it == states.end() ? nullptr : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
     }
   return nullptr;

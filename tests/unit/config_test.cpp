@@ -83,6 +83,15 @@ TEST(Config, RetiredEvalBatchesPointsToEvalWindows) {
   EXPECT_EQ(load_config(test::config_path("small")).train.eval_windows, 64);
 }
 
+TEST(Config, NpmBrownCorpusIsRefusedWithTheWayOut) {
+  std::string msg = config_error(std::string(kMinimal) + "data:\n  corpus: brown\n");
+  EXPECT_NE(msg.find("data.corpus"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("use 'kjv'"), std::string::npos) << msg;
+  msg = config_error(std::string(kMinimal) + "data:\n  cache_dir: data/cache\n");
+  EXPECT_NE(msg.find("data.cache_dir"), std::string::npos) << msg;
+  EXPECT_EQ(load_config(test::config_path("tiny")).data.corpus, "kjv");
+}
+
 TEST(Config, WrongTypeNamesLineAndKey) {
   std::string msg = config_error(std::string(kMinimal) + "train:\n  steps: many\n");
   EXPECT_NE(msg.find("test.yaml:10 (train.steps)"), std::string::npos) << msg;

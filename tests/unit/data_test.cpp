@@ -54,12 +54,34 @@ std::string data_error(F&& f) {
   return "";
 }
 
-TEST(Corpus, BrownTagsAreStripped) {
-  const std::string tagged =
-      "\n\n\tThe/at Fulton/np-tl County/nn-tl said/vbd ``/`` no/at evidence/nn ''/'' ,/, and/cc 1/2/cd ./.\n"
-      "\tIt/pps was/bedz (/( quite/ql )/) true/jj ./.\n\n\n\tNew/jj paragraph/nn ?/.\n";
-  EXPECT_EQ(strip_brown_tags(tagged),
-            "The Fulton County said \"no evidence\", and 1/2. It was (quite) true.\nNew paragraph?");
+TEST(Corpus, KjvListingBecomesOneDocumentPerChapter) {
+  const std::string listing =
+      "Ge1:1 In the beginning God created the heaven and the earth.\n"
+      "Ge1:2 And the earth was without form, and void. \r\n"
+      "\n"
+      "Ge2:1 Thus the heavens and the earth were finished.\n"
+      "1Sm3:10 And the LORD came, and stood.";
+  auto docs = kjv_chapters(listing);
+  ASSERT_EQ(docs.size(), 3u);
+  EXPECT_EQ(docs[0].name, "Ge1");
+  EXPECT_EQ(docs[0].text,
+            "In the beginning God created the heaven and the earth.\nAnd the earth was without form, and void.");
+  EXPECT_EQ(docs[1].name, "Ge2");
+  EXPECT_EQ(docs[2].name, "1Sm3");
+  EXPECT_EQ(docs[2].text, "And the LORD came, and stood.");
+  std::string msg = data_error([] { kjv_chapters("Ge1:1 fine\nnot a verse line\n"); });
+  EXPECT_NE(msg.find("line 2 of the bible listing"), std::string::npos) << msg;
+}
+
+TEST(Corpus, KjvIsTheWholeBible) {
+  auto docs = read_kjv_corpus();
+  ASSERT_EQ(docs.size(), kKjvChapters);
+  EXPECT_EQ(docs.front().name, "Ge1");
+  EXPECT_EQ(docs.back().name, "Rev22");
+  EXPECT_EQ(docs.front().text.rfind("In the beginning God created the heaven and the earth.\n", 0), 0u);
+  std::size_t bytes = 0;
+  for (const auto& d : docs) bytes += d.text.size();
+  EXPECT_GT(bytes, 4000000u);
 }
 
 TEST(Corpus, TextFolderReadsTxtAndJsonl) {
@@ -234,7 +256,7 @@ TEST(Tokenizer, TrainsEncodesAndDecodes) {
   EXPECT_NE(msg.find("cannot load tokenizer model"), std::string::npos) << msg;
 }
 
-TEST(Prepare, TinyDataFromTheBrownCorpus) {
+TEST(Prepare, TinyDataFromTheKingJamesBible) {
   // Made by the prepare_tiny_data fixture from the real corpus.
   Config c = load_config(test::config_path("tiny"), {"data.dir=" + test::tiny_data_dir()});
   DataPaths p = data_paths(c.data);
@@ -242,17 +264,17 @@ TEST(Prepare, TinyDataFromTheBrownCorpus) {
   Tokenizer tok(p.tokenizer);
   EXPECT_EQ(tok.vocab_size(), 512);
   EXPECT_EQ(train.vocab_size(), 512u);
-  EXPECT_GT(train.size(), 1000000u);  // ~1M words of English
+  EXPECT_GT(train.size(), 1000000u);  // ~790k words of English
   EXPECT_GT(val.size(), 10000u);
   EXPECT_LT(val.size(), train.size() / 10);
   // Documents end with EOS, and the text decodes to English.
   std::size_t eos = 0;
   for (auto t : train.tokens()) eos += (t == train.eos_id());
-  EXPECT_GT(eos, 400u);
+  EXPECT_GT(eos, 1000u);  // one a chapter
   std::vector<std::uint32_t> head(train.tokens().begin(), train.tokens().begin() + 40);
   std::string text = tok.decode(head);
-  EXPECT_NE(text.find(" of "), std::string::npos) << text;
-  EXPECT_EQ(text.find("/at"), std::string::npos) << text;  // tags are gone
+  EXPECT_NE(text.find(" the "), std::string::npos) << text;
+  EXPECT_EQ(text.find(":1"), std::string::npos) << text;  // verse references are gone
   // A second prepare reuses the data.
   PreparedData again = prepare_data(c);
   EXPECT_TRUE(again.reused);

@@ -63,7 +63,9 @@ void expect_grads_match(MoeLayer& layer, bool renormalize) {
   auto params = layer->named_parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     auto slow_grad = params[i].value().grad().defined() ? params[i].value().grad() : torch::zeros_like(params[i].value());
-    EXPECT_LT(test::max_abs_diff(fast_grads[i], slow_grad), 1e-5) << params[i].key();
+    // Relative to the gradient's scale: the summation order of the BLAS differs between the paths.
+    const double scale = std::max(1.0, slow_grad.abs().max().item<double>());
+    EXPECT_LT(test::max_abs_diff(fast_grads[i], slow_grad), 1e-5 * scale) << params[i].key();
   }
 }
 

@@ -11,7 +11,6 @@ inline std::string source_dir() { return SPES_SOURCE_DIR; }
 inline std::string config_path(const std::string& name) { return source_dir() + "/configs/" + name + ".yaml"; }
 // The tiny config's prepared data (made by the prepare_tiny_data CTest fixture).
 inline std::string tiny_data_dir() { return std::string(SPES_TEST_DATA_DIR) + "/tiny"; }
-inline std::string corpus_cache() { return SPES_CORPUS_CACHE; }
 
 // An empty folder under the temp directory for one test (named by `tag` and the process id),
 // removed when it goes out of scope.

@@ -10,7 +10,7 @@
 namespace spes {
 namespace {
 
-TEST(Trainer, LossFallsOnTheBrownCorpus) {
+TEST(Trainer, LossFallsOnTheKingJamesBible) {
   Config c = test::tiny_config({"train.steps=150"});
   Trainer trainer(c, test::quiet());
   const double val_before = trainer.evaluate().loss;

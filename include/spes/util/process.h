@@ -1,5 +1,5 @@
 // Process-level facts and child processes: resident memory, and running a helper program
-// (npm, tar) without a shell, with its output captured.
+// (bible, tar) without a shell, with its output captured.
 #pragma once
 
 #include <cstdint>

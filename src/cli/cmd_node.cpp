@@ -114,7 +114,7 @@ class Heartbeat {
 
 class NodeDaemon {
  public:
-  explicit NodeDaemon(Config config) : config_(std::move(config)), trainer_(config_), params_(model_param_set(trainer_.model())) {
+  explicit NodeDaemon(Config config) : config_(std::move(config)), trainer_(config_), mirror_(trainer_.model()) {
     if (!config_.sync.dump_dir.empty()) {
       dump_dir_ = config_.sync.dump_dir + "/node" + std::to_string(config_.run.node_id);
       ensure_directory(dump_dir_);
@@ -186,7 +186,7 @@ class NodeDaemon {
 
   // The sync engine for plan_: its members as peers, its observers waited for in finish().
   std::unique_ptr<SyncEngine> make_engine() {
-    return std::make_unique<SyncEngine>(engine_config(config_, plan_), params_,
+    return std::make_unique<SyncEngine>(engine_config(config_, plan_), mirror_.params(),
                                         SyncMembership{plan_.version, std::max(plan_.effective_round, round_ + 1),
                                                        plan_.observers});
   }
@@ -220,7 +220,7 @@ class NodeDaemon {
   void catch_up(std::uint64_t round) {
     const std::int64_t step = std::min<std::int64_t>(static_cast<std::int64_t>(round) * config_.sync.every, config_.train.steps);
     spdlog::info("catching up: waiting for round {} (step {}) from {} member(s)", round, step, plan_.members.size());
-    SyncRoundReport r = engine_->run_round(round, step);
+    SyncRoundReport r = run_round(round, step);
     trainer_.set_step(step);
     round_ = round;
     spdlog::info("caught up at round {} (step {}): {} received in {:.1f} s", round, step,
@@ -245,9 +245,7 @@ class NodeDaemon {
       return;
     }
     ++round_;
-    if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_pre.safetensors", dump_dir_, round_));
-    SyncRoundReport r = engine_->run_round(round_, s.step);
-    if (!dump_dir_.empty()) dump_params(params_, fmt::format("{}/round{}_post.safetensors", dump_dir_, round_));
+    SyncRoundReport r = run_round(round_, s.step);
     log_round(r);
     round_step_ = s.step;
     // After the round: a shard resumes at a round boundary, with the engine's residuals.
@@ -259,6 +257,17 @@ class NodeDaemon {
       auto next = plan_for(round_ + 1);
       if (next && next->version != plan_.version) switch_plan(*next);
     }
+  }
+
+  // One round on the sync buffers: the model's weights go to them before (one device-to-host
+  // copy on a GPU) and come back after.
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
+    mirror_.to_host();
+    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
+    SyncRoundReport r = engine_->run_round(round, step);
+    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
+    mirror_.to_model();
+    return r;
   }
 
   // A lossy-encoded run resumed right after a round: the engine takes back its residuals and
@@ -300,7 +309,7 @@ class NodeDaemon {
 
   Config config_;
   Trainer trainer_;
-  ParamSet params_;
+  ModelParamMirror mirror_;  // the sync engine's view of the weights
   std::string dump_dir_;
   std::unique_ptr<CoordinatorClient> coordinator_;
   std::unique_ptr<Heartbeat> heartbeat_;

@@ -11,8 +11,10 @@ RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  auto inv_rms = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return x * inv_rms * weight;
+  // In fp32 even when x is bf16 (autocast): the mean of squares needs the range and precision.
+  const auto xf = x.to(torch::kFloat32);
+  auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return xf * inv_rms * weight;
 }
 
 RopeTables rope_tables(std::int64_t seq_len, std::int64_t head_dim, double theta) {
@@ -37,9 +39,19 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale);
   // Query i sits at position T - S + i and sees keys 0 .. T - S + i.
-  auto mask = torch::ones({S, T}, torch::TensorOptions().dtype(torch::kBool)).triu_(1 + T - S);
+  auto mask = torch::ones({S, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu_(1 + T - S);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   return torch::matmul(torch::softmax(scores, -1), v);
+}
+
+torch::Tensor fused_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const auto S = q.size(-2), T = k.size(-2);
+  // is_causal aligns the mask to the top left, right only when queries and keys start together;
+  // one new query (generation) sees every key; otherwise the mask says who sees what.
+  if (S == T) return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true);
+  if (S == 1) return at::scaled_dot_product_attention(q, k, v);
+  auto allowed = torch::ones({S, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril_(T - S);
+  return at::scaled_dot_product_attention(q, k, v, allowed);
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
@@ -88,7 +100,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
     k = k.repeat_interleave(n_heads_ / n_kv_heads_, 1);
     v = v.repeat_interleave(n_heads_ / n_kv_heads_, 1);
   }
-  auto out = causal_attention(q, k, v);  // [B, H, S, hd]
+  auto out = fused_causal_attention(q, k, v);  // [B, H, S, hd]
   return o_proj(out.transpose(1, 2).reshape({B, S, n_heads_ * head_dim_}));
 }
 

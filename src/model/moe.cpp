@@ -1,5 +1,6 @@
 #include "spes/model/moe.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace spes {
@@ -11,7 +12,10 @@ ExpertImpl::ExpertImpl(std::int64_t d_model, std::int64_t d_ff) {
 }
 
 torch::Tensor ExpertImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  if (gate_proj->weight.scalar_type() == x.scalar_type() || at::autocast::is_autocast_enabled(x.device().type()))
+    return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  auto w = [&](torch::nn::Linear& l) { return l->weight.to(x.scalar_type()); };
+  return torch::linear(torch::silu(torch::linear(x, w(gate_proj))) * torch::linear(x, w(up_proj)), w(down_proj));
 }
 
 MoeLayerImpl::MoeLayerImpl(const ModelConfig& c)
@@ -59,7 +63,7 @@ MoeOutput MoeLayerImpl::forward(const torch::Tensor& x) {
     start += count[e];
   }
   auto y_sorted = torch::cat(outputs, 0) * w_sorted.unsqueeze(1);
-  auto y = torch::zeros_like(x).index_add_(0, token_of_pair, y_sorted);
+  auto y = torch::zeros_like(x).index_add_(0, token_of_pair, y_sorted.to(x.scalar_type()));
 
   MoeOutput out;
   out.y = y;
@@ -70,8 +74,17 @@ MoeOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   return out;
 }
 
-void MoeLayerImpl::set_expert_trainable(std::int64_t e, bool trainable) {
-  for (auto& p : experts_.at(static_cast<std::size_t>(e))->parameters()) p.set_requires_grad(trainable);
+void MoeLayerImpl::set_expert_trainable(std::int64_t e, bool trainable, c10::ScalarType frozen_dtype) {
+  torch::NoGradGuard no_grad;
+  const auto dtype = trainable ? torch::kFloat32 : frozen_dtype;
+  for (auto& p : experts_.at(static_cast<std::size_t>(e))->parameters()) {
+    if (!trainable) p.mutable_grad() = torch::Tensor();
+    if (p.scalar_type() != dtype) {
+      p.set_requires_grad(false);
+      p.set_data(p.to(dtype));
+    }
+    p.set_requires_grad(trainable);
+  }
 }
 
 bool MoeLayerImpl::expert_trainable(std::int64_t e) const {

@@ -28,7 +28,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const RopeTables& rope,
 
 LossTerms compute_loss(const ModelOutput& out, const torch::Tensor& targets, const LossConfig& w) {
   const auto V = out.logits.size(-1);
-  auto logits = out.logits.reshape({-1, V});
+  // In fp32 whatever the forward's precision (bf16 logits under autocast).
+  auto logits = out.logits.reshape({-1, V}).to(torch::kFloat32);
   // One logsumexp serves both the cross-entropy and the output z-loss.
   auto lse = torch::logsumexp(logits, -1);
   auto target_logit = logits.gather(1, targets.reshape({-1, 1})).squeeze(1);
@@ -66,8 +67,11 @@ void MoeTransformerImpl::initialize(std::uint64_t seed) {
 }
 
 const RopeTables& MoeTransformerImpl::rope_for(std::int64_t seq_len) {
-  if (!rope_.cos.defined() || rope_.cos.size(0) < seq_len)
+  if (!rope_.cos.defined() || rope_.cos.size(0) < seq_len || rope_.cos.device() != device()) {
     rope_ = rope_tables(seq_len, config_.head_dim(), config_.rope_theta);
+    rope_.cos = rope_.cos.to(device());
+    rope_.sin = rope_.sin.to(device());
+  }
   return rope_;
 }
 
@@ -106,7 +110,7 @@ torch::Tensor MoeTransformerImpl::forward_cached(const torch::Tensor& input_ids,
   return lm_head(norm(x));
 }
 
-void MoeTransformerImpl::set_owned_experts(const std::vector<int>& owned) {
+void MoeTransformerImpl::set_owned_experts(const std::vector<int>& owned, c10::ScalarType frozen_dtype) {
   std::vector<bool> is_owned(static_cast<std::size_t>(config_.n_experts), false);
   for (int e : owned) {
     if (e < 0 || e >= config_.n_experts)
@@ -114,7 +118,7 @@ void MoeTransformerImpl::set_owned_experts(const std::vector<int>& owned) {
     is_owned[static_cast<std::size_t>(e)] = true;
   }
   for (auto& block : blocks_)
-    for (std::int64_t e = 0; e < config_.n_experts; ++e) block->mlp->set_expert_trainable(e, is_owned[e]);
+    for (std::int64_t e = 0; e < config_.n_experts; ++e) block->mlp->set_expert_trainable(e, is_owned[e], frozen_dtype);
 }
 
 std::vector<torch::Tensor> MoeTransformerImpl::trainable_parameters() const {

@@ -4,18 +4,31 @@
 
 #include <regex>
 
+#include "spes/train/host_copy.h"
 #include "spes/util/error.h"
 
 namespace spes {
 
-ParamSet model_param_set(MoeTransformer& model) {
+struct ModelParamMirror::Host {
+  std::vector<torch::Tensor> params;  // the model's, in registration order
+  bool staged = false;
+  HostCopy copy;                      // when staged
+};
+
+ModelParamMirror::ModelParamMirror(MoeTransformer& model) : model_(model), host_(std::make_unique<Host>()) {
   static const std::regex expert_name(R"(layers\.(\d+)\.mlp\.experts\.(\d+)\..*)");
+  auto named = model->named_parameters();
+  for (auto& p : named) {
+    const torch::Tensor& t = p.value();
+    host_->params.push_back(t);
+    if (!(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous())) host_->staged = true;
+  }
+  if (host_->staged) host_->copy = copy_to_host(host_->params);
   std::vector<ParamRef> refs;
-  for (auto& p : model->named_parameters()) {
-    torch::Tensor t = p.value();
-    SPES_CHECK(t.is_contiguous() && t.scalar_type() == torch::kFloat32 && t.device().is_cpu(), p.key());
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const torch::Tensor& t = host_->staged ? host_->copy.views[i] : host_->params[i];
     ParamRef r;
-    r.name = p.key();
+    r.name = named[i].key();
     r.shape.assign(t.sizes().begin(), t.sizes().end());
     r.data = t.data_ptr<float>();
     r.numel = t.numel();
@@ -26,7 +39,25 @@ ParamSet model_param_set(MoeTransformer& model) {
     }
     refs.push_back(std::move(r));
   }
-  return ParamSet(std::move(refs));
+  params_ = ParamSet(std::move(refs));
+}
+
+ModelParamMirror::~ModelParamMirror() = default;
+
+bool ModelParamMirror::staged() const { return host_->staged; }
+
+void ModelParamMirror::to_host() {
+  if (!host_->staged) {
+    // The buffers are the parameters: they must still be where the ParamSet points.
+    for (std::size_t i = 0; i < host_->params.size(); ++i)
+      SPES_CHECK(host_->params[i].data_ptr() == params_[i].data, "a parameter's storage moved under the sync buffers");
+    return;
+  }
+  host_->copy = copy_to_host(host_->params, std::move(host_->copy));
+}
+
+void ModelParamMirror::to_model() {
+  if (host_->staged) copy_from_host(host_->copy, host_->params);
 }
 
 }  // namespace spes

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "spes/ckpt/hf.h"
+#include "spes/train/host_copy.h"
 #include "spes/train/trainer.h"
 #include "spes/util/error.h"
 #include "spes/util/progress.h"
@@ -22,8 +23,14 @@ torch::optim::AdamWParamState* adam_state(torch::optim::AdamW& optimizer, const 
   return it == states.end() ? nullptr : static_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
-TensorView view_of(const std::string& name, const torch::Tensor& t) {
-  return {name, t.sizes().vec(), t.data_ptr<float>()};
+// Views of fp32 host copies of `tensors` (one transfer from a GPU), named; `host` keeps them alive.
+std::vector<TensorView> host_views(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                                   HostCopy& host) {
+  host = copy_to_host(tensors);
+  std::vector<TensorView> views;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    views.push_back({names[i], host.views[i].sizes().vec(), host.views[i].data_ptr<float>()});
+  return views;
 }
 
 // Whether node `node_id` trained expert `e` in the run the folder comes from (so its moments
@@ -68,10 +75,13 @@ std::string write_shard(Trainer& trainer, std::uint64_t sync_round, const SyncCa
   if (fs::exists(tokenizer)) info.tokenizer = fs::absolute(tokenizer).string();
   if (carry) info.sync_carry = *carry;
 
-  std::vector<TensorView> weights, moments;
+  // Weights (frozen bf16 experts included) and moments are written as fp32.
+  std::vector<std::string> weight_names, moment_names;
+  std::vector<torch::Tensor> weight_tensors, moment_tensors;
   std::map<const void*, std::string> names;
   for (const auto& item : trainer.model()->named_parameters()) {
-    weights.push_back(view_of(item.key(), item.value()));
+    weight_names.push_back(item.key());
+    weight_tensors.push_back(item.value());
     names[item.value().unsafeGetTensorImpl()] = item.key();
   }
   for (const auto& group : trainer.optimizer().param_groups())
@@ -79,10 +89,15 @@ std::string write_shard(Trainer& trainer, std::uint64_t sync_round, const SyncCa
       auto* st = adam_state(trainer.optimizer(), p);
       if (!st) continue;  // not stepped yet: zero moments
       const std::string& name = names.at(p.unsafeGetTensorImpl());
-      moments.push_back(view_of(name + ".exp_avg", st->exp_avg()));
-      moments.push_back(view_of(name + ".exp_avg_sq", st->exp_avg_sq()));
+      moment_names.push_back(name + ".exp_avg");
+      moment_tensors.push_back(st->exp_avg());
+      moment_names.push_back(name + ".exp_avg_sq");
+      moment_tensors.push_back(st->exp_avg_sq());
       info.adam_steps[name] = st->step();
     }
+  HostCopy weights_host, moments_host;
+  const std::vector<TensorView> weights = host_views(weight_names, weight_tensors, weights_host);
+  const std::vector<TensorView> moments = host_views(moment_names, moment_tensors, moments_host);
   // Which gradient buffers exist matters: AdamW steps a parameter with a zeroed buffer (an expert
   // that got no tokens this step) but skips one without. A resumed run must have the same ones.
   for (const auto& item : trainer.model()->named_parameters())
@@ -146,8 +161,11 @@ void load_shard(Trainer& trainer, const Shard& shard, bool allow_mismatch) {
       }
       auto st = std::make_unique<torch::optim::AdamWParamState>();
       st->step(steps->second);
-      st->exp_avg(torch::from_blob(const_cast<float*>(avg->second.values.data()), p.sizes()).clone());
-      st->exp_avg_sq(torch::from_blob(const_cast<float*>(sq->second.values.data()), p.sizes()).clone());
+      auto moment = [&](const std::vector<float>& values) {
+        return torch::from_blob(const_cast<float*>(values.data()), p.sizes()).to(p.device(), torch::kFloat32, false, true);
+      };
+      st->exp_avg(moment(avg->second.values));
+      st->exp_avg_sq(moment(sq->second.values));
       optimizer.state()[key] = std::move(st);
       restored.insert(name);
     }

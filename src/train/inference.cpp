@@ -18,7 +18,7 @@ torch::Tensor ids_tensor(const std::vector<std::uint32_t>& ids, std::int64_t fro
 }
 
 std::vector<float> last_row(const torch::Tensor& logits) {
-  auto row = logits[0][logits.size(1) - 1].contiguous();
+  auto row = logits[0][logits.size(1) - 1].to(torch::kCPU, torch::kFloat32).contiguous();
   return std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel());
 }
 
@@ -51,7 +51,8 @@ EvalStats evaluate_model(MoeTransformer& model, const TokenShard& shard, std::in
     const std::int64_t count = std::min(batch_size, windows - first);
     TokenBatch batch = validation_batch(shard, seq_len, first, count);
     auto to_tensor = [&](const std::vector<std::int64_t>& v) {
-      return torch::from_blob(const_cast<std::int64_t*>(v.data()), {batch.batch, batch.seq_len}, torch::kInt64);
+      return torch::from_blob(const_cast<std::int64_t*>(v.data()), {batch.batch, batch.seq_len}, torch::kInt64)
+          .to(model->device());
     };
     ModelOutput out = model->forward(to_tensor(batch.inputs));
     sum += compute_loss(out, to_tensor(batch.targets), LossConfig{}).ce.item<double>() * static_cast<double>(count);
@@ -100,8 +101,8 @@ std::vector<std::uint32_t> generate(MoeTransformer& model, const std::vector<std
   std::vector<std::uint32_t> seq = prompt, out;
   KvCache cache;
   while (static_cast<std::int64_t>(out.size()) < o.max_tokens && static_cast<std::int64_t>(seq.size()) < context) {
-    torch::Tensor logits = o.use_cache ? model->forward_cached(ids_tensor(seq, cache.length()), cache)
-                                       : model->forward(ids_tensor(seq, 0)).logits;
+    torch::Tensor logits = o.use_cache ? model->forward_cached(ids_tensor(seq, cache.length()).to(model->device()), cache)
+                                       : model->forward(ids_tensor(seq, 0).to(model->device())).logits;
     const std::uint32_t next = sample_token(last_row(logits), o.sampling, rng);
     seq.push_back(next);
     out.push_back(next);

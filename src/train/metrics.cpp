@@ -27,6 +27,7 @@ void MetricsLog::write(const StepStats& s) {
                       {"flops", s.flops},
                       {"mfu", s.mfu},
                       {"peak_rss", s.peak_rss},
+                      {"peak_device_bytes", s.peak_device_bytes},
                       {"frozen_share", s.frozen_share},
                       {"expert_load", s.expert_load}};
   out_ << j.dump() << '\n';

@@ -27,14 +27,18 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
-  double sum_sq = 0.0;
+  std::vector<torch::Tensor> grads;
   for (const auto& p : params)
-    if (p.grad().defined()) sum_sq += p.grad().pow(2).sum().item<double>();
-  const double norm = std::sqrt(sum_sq);
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
+  // Each tensor's squared norm in fp32, added up in double on the device; one value crosses to the host.
+  std::vector<torch::Tensor> squares;
+  squares.reserve(grads.size());
+  for (const auto& g : grads) squares.push_back(g.pow(2).sum().to(torch::kFloat64));
+  const double norm = std::sqrt(torch::stack(squares).sum().item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (const auto& p : params)
-      if (p.grad().defined()) p.grad().mul_(scale);
+    for (auto& g : grads) g.mul_(scale);
   }
   return norm;
 }
@@ -46,6 +50,7 @@ TrainingMemory training_memory(const std::vector<torch::Tensor>& all_params,
     return t.defined() ? static_cast<std::int64_t>(t.numel() * t.element_size()) : 0;
   };
   for (const auto& p : all_params) {
+    m.weight_bytes += bytes(p);
     if (p.requires_grad()) {
       m.trainable_params += p.numel();
       m.grad_bytes += bytes(p.grad());

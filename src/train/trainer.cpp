@@ -27,8 +27,9 @@ int configure_threads(const RunConfig& run) {
 
 namespace {
 
-torch::Tensor to_tensor(const std::vector<std::int64_t>& values, std::int64_t rows, std::int64_t cols) {
-  return torch::from_blob(const_cast<std::int64_t*>(values.data()), {rows, cols}, torch::kInt64).clone();
+torch::Tensor to_tensor(const std::vector<std::int64_t>& values, std::int64_t rows, std::int64_t cols,
+                        const c10::Device& device) {
+  return torch::from_blob(const_cast<std::int64_t*>(values.data()), {rows, cols}, torch::kInt64).to(device, false, true);
 }
 
 void check_shard_vocab(const TokenShard& shard, const Config& c) {
@@ -43,21 +44,24 @@ void check_shard_vocab(const TokenShard& shard, const Config& c) {
 Trainer::Trainer(Config config, TrainerOptions options)
     : config_(std::move(config)),
       options_(options),
+      plan_(resolve_device_plan(config_)),
       train_shard_(data_paths(config_.data).train),
       val_shard_(data_paths(config_.data).val) {
   check_shard_vocab(train_shard_, config_);
   check_shard_vocab(val_shard_, config_);
   sampler_.emplace(train_shard_, config_.data.seq_len, config_.run.seed, config_.run.node_id);
 
+  // Initialized on the CPU from the seed (the same weights whatever the device), then moved.
   model_ = MoeTransformer(config_.model, config_.run.seed);
+  model_->to(plan_.device);
   const auto owned = config_.owned_expert_list();
   owned_.assign(static_cast<std::size_t>(config_.model.n_experts), false);
   for (int e : owned) owned_[static_cast<std::size_t>(e)] = true;
-  model_->set_owned_experts(owned);
+  model_->set_owned_experts(owned, plan_.frozen_dtype);
   trainable_ = model_->trainable_parameters();
   optimizer_ = make_adamw(trainable_, config_.optim);
 
-  if (options_.measure_peak) peak_flops_ = measure_matmul_peak_flops();
+  if (options_.measure_peak) peak_flops_ = measure_matmul_peak_flops(1.5, plan_.device, plan_.bf16_autocast);
   if (options_.write_outputs) {
     ensure_directory(config_.run.out_dir);
     // A resumed run adds to the metrics of the run it continues.
@@ -74,27 +78,39 @@ StepStats Trainer::step() {
 
   StepStats s;
   const auto L = config_.model.n_layers, E = config_.model.n_experts;
-  torch::Tensor load = torch::zeros({L, E}, torch::kInt64);
+  const auto on_device = torch::TensorOptions().device(plan_.device);
+  // Loss terms and expert loads stay on the device until the step is done: one copy to the host.
+  torch::Tensor terms = torch::zeros({5}, on_device.dtype(torch::kFloat64));
+  torch::Tensor load = torch::zeros({L, E}, on_device.dtype(torch::kInt64));
   for (std::int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     TokenBatch batch = sampler_->next_batch(tc.batch_size);
-    auto inputs = to_tensor(batch.inputs, batch.batch, batch.seq_len);
-    auto targets = to_tensor(batch.targets, batch.batch, batch.seq_len);
-    ModelOutput out = model_->forward(inputs);
-    LossTerms loss = compute_loss(out, targets, config_.loss);
+    auto inputs = to_tensor(batch.inputs, batch.batch, batch.seq_len, plan_.device);
+    auto targets = to_tensor(batch.targets, batch.batch, batch.seq_len, plan_.device);
+    LossTerms loss;
+    ModelOutput out;
+    {
+      AutocastScope autocast(plan_.bf16_autocast);
+      out = model_->forward(inputs);
+      loss = compute_loss(out, targets, config_.loss);
+    }
     (loss.total / static_cast<double>(tc.grad_accum)).backward();
-
-    const double inv = 1.0 / static_cast<double>(tc.grad_accum);
-    s.loss += loss.total.item<double>() * inv;
-    s.ce += loss.ce.item<double>() * inv;
-    s.z_loss += loss.z_loss.item<double>() * inv;
-    s.load_balance += loss.load_balance.item<double>() * inv;
-    s.router_z += loss.router_z.item<double>() * inv;
+    terms += torch::stack({loss.total, loss.ce, loss.z_loss, loss.load_balance, loss.router_z}).detach().to(torch::kFloat64) /
+             static_cast<double>(tc.grad_accum);
     load += torch::stack(out.expert_counts);
     s.tokens += batch.batch * batch.seq_len;
   }
   s.grad_norm = clip_grad_norm(trainable_, config_.optim.grad_clip);
   optimizer_->step();
   ++step_;
+  const auto terms_host = terms.cpu();
+  const auto* t = terms_host.data_ptr<double>();
+  s.loss = t[0];
+  s.ce = t[1];
+  s.z_loss = t[2];
+  s.load_balance = t[3];
+  s.router_z = t[4];
+  load = load.cpu();
+  synchronize_device(plan_.device);
 
   s.step = step_;
   s.lr = lr;
@@ -113,13 +129,17 @@ StepStats Trainer::step() {
   s.flops = count_train_flops(config_.model, config_.data.seq_len, s.tokens, s.frozen_share).total();
   s.mfu = peak_flops_ > 0 ? s.flops / s.seconds / peak_flops_ : 0.0;
   s.peak_rss = peak_rss_bytes();
+  s.peak_device_bytes = device_memory(plan_.device).peak_allocated;
   if (metrics_) metrics_->write(s);
   return s;
 }
 
 EvalStats Trainer::evaluate() {
-  EvalStats e = evaluate_model(model_, val_shard_, config_.data.seq_len, config_.train.batch_size,
-                               config_.train.eval_windows);
+  EvalStats e;
+  {
+    AutocastScope autocast(plan_.bf16_autocast);
+    e = evaluate_model(model_, val_shard_, config_.data.seq_len, config_.train.batch_size, config_.train.eval_windows);
+  }
   e.step = step_;
   if (metrics_) metrics_->write(e);
   return e;
@@ -129,7 +149,7 @@ std::vector<int> Trainer::set_owned_experts(const std::vector<int>& owned) {
   std::vector<int> added;
   for (int e : owned)
     if (e >= 0 && e < config_.model.n_experts && !owned_[static_cast<std::size_t>(e)]) added.push_back(e);
-  model_->set_owned_experts(owned);
+  model_->set_owned_experts(owned, plan_.frozen_dtype);
   for (auto& p : model_->parameters())
     if (!p.requires_grad() && p.grad().defined()) p.mutable_grad() = torch::Tensor();
   // AdamW keys its per-parameter state by the tensor's address, which does not change.
@@ -160,7 +180,9 @@ EvalStats Trainer::run() {
   spdlog::info("data: {} train tokens ({} windows of {}), {} validation tokens; node {} seed {}",
                train_shard_.size(), sampler_->windows_per_epoch(), config_.data.seq_len, val_shard_.size(),
                config_.run.node_id, node_data_seed(config_.run.seed, config_.run.node_id));
-  if (peak_flops_ > 0) spdlog::info("measured fp32 matmul peak: {:.1f} GFLOP/s", peak_flops_ / 1e9);
+  spdlog::info("device: {}", plan_.describe());
+  if (peak_flops_ > 0)
+    spdlog::info("measured {} matmul peak: {:.1f} GFLOP/s", plan_.bf16_autocast ? "bf16" : "fp32", peak_flops_ / 1e9);
 
   const auto t_start = std::chrono::steady_clock::now();
   double window_seconds = 0, window_tokens = 0, window_flops = 0;
@@ -185,9 +207,10 @@ EvalStats Trainer::run() {
       const double tps = window_tokens / window_seconds;
       const double mfu = peak_flops_ > 0 ? window_flops / window_seconds / peak_flops_ : 0.0;
       spdlog::info("step {:>5}/{} | loss {:.4f} (ce {:.4f} lb {:.3f} rz {:.2f}) | lr {:.2e} | gnorm {:.2f} | "
-                   "{} tok/s | MFU {:.1f}% | rss {} | ETA {}",
+                   "{} tok/s | MFU {:.1f}% | {} {} | ETA {}",
                    s.step, tc.steps, s.loss, s.ce, s.load_balance, s.router_z, s.lr, s.grad_norm,
-                   format_count(tps), 100.0 * mfu, format_bytes(static_cast<double>(s.peak_rss)),
+                   format_count(tps), 100.0 * mfu, plan_.device.is_cuda() ? "gpu mem" : "rss",
+                   format_bytes(static_cast<double>(plan_.device.is_cuda() ? s.peak_device_bytes : s.peak_rss)),
                    format_duration(eta));
       window_seconds = window_tokens = window_flops = 0;
     }

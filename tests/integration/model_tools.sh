@@ -7,7 +7,10 @@
 #   C. upcycle a dense (1-expert) model with no noise: the same validation loss as the dense one;
 #      training starts from the upcycled folder, and from a Hugging Face folder;
 #   D. generate: the same text under the same seed, with and without the KV cache;
-#   E. bad input: clear messages and exit codes.
+#   E. bad input: clear messages and exit codes;
+#   F. the exports of A and B loaded by Hugging Face transformers (OlmoeForCausalLM,
+#      Qwen3MoeForCausalLM, installed by scripts/setup.sh): its loss equals `spes eval`'s (relative
+#      difference <= 1e-4) and its logits the numpy reference's.
 # usage: model_tools.sh SPES SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 SPES=$1
@@ -83,6 +86,21 @@ one=$(gen --seed 5) two=$(gen --seed 5) slow=$(gen --seed 5 --no-cache) other=$(
 [[ $one != "$other" ]] || fail "D: another seed gave the same text"
 [[ $one == "The jury said"* ]] || fail "D: output does not start with the prompt"
 [[ $failures -eq 0 ]] && echo "ok   D: generate is deterministic under a seed and the cache changes nothing: $one"
+
+# ---- F: transformers loads the exports ----
+source "$SRC/scripts/torch_env.sh"
+HF_PY=$SPES_TORCH_HOME/bin/python
+if [[ ! -x $HF_PY ]]; then
+  fail "F: no python with transformers at $HF_PY: run scripts/setup.sh"
+else
+  for folder in hf qwen_hf; do
+    out=$("$HF_PY" "$SRC/scripts/hf_transformers_check.py" "$TMP/$folder" "$VAL" --seq-len 64 --windows 2 2>&1) ||
+      { fail "F: transformers on $folder: $(echo "$out" | tail -3)"; continue; }
+    theirs=$(echo "$out" | grep -o "^loss [0-9.]*" | awk '{print $2}') ours=$(eval_loss "$TMP/$folder")
+    close "$ours" "$theirs" 1e-4 || fail "F: $folder: spes eval $ours vs transformers $theirs"
+    [[ $failures -eq 0 ]] && echo "ok   F: $folder: transformers $(echo "$out" | grep "^loss" | cut -d' ' -f3- ) loss $theirs = spes eval $ours; $(echo "$out" | grep "logits vs")"
+  done
+fi
 
 # ---- E: bad input ----
 # expect NAME EXIT_CODE SUBSTRING -- command...

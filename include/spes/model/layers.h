@@ -1,5 +1,5 @@
 // Building blocks of the decoder: RMSNorm, rotary position embedding (rotate-half layout),
-// plain causal attention (libtorch 1.13 has no public SDPA), and the attention module with
+// causal attention (fused SDPA, with the plain form as its reference), and the attention module with
 // QK-norm and grouped-query heads. Parameter names follow the Hugging Face OLMoE layout.
 #pragma once
 
@@ -34,7 +34,11 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
 
 // softmax(q k^T / sqrt(d) + causal mask) v for q: [B, H, S, d], k and v: [B, H, T, d] with T >= S:
 // the S queries are the last S of the T positions (T > S when earlier keys come from a cache).
+// The plain form, kept as the reference for the fused one.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+// The same through at::scaled_dot_product_attention: flash / memory-efficient kernels on a GPU,
+// a fused kernel on the CPU. What the model uses.
+torch::Tensor fused_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 
 // One layer's keys and values of the positions seen so far, [B, H_kv, T, head_dim] (generation).
 struct KvLayer {

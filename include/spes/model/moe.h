@@ -18,6 +18,8 @@
 namespace spes {
 
 // expert(x) = down_proj(SiLU(gate_proj(x)) * up_proj(x)); gate/up: [F, d], down: [d, F].
+// Weights stored in another dtype than x (bf16 frozen experts) are cast to x's dtype for the
+// product, unless autocast already decides the dtype.
 class ExpertImpl : public torch::nn::Module {
  public:
   ExpertImpl(std::int64_t d_model, std::int64_t d_ff);
@@ -48,7 +50,9 @@ class MoeLayerImpl : public torch::nn::Module {
   MoeOutput forward(const torch::Tensor& x);
   Routing route(const torch::Tensor& x);
 
-  void set_expert_trainable(std::int64_t e, bool trainable);
+  // A frozen expert is stored in `frozen_dtype` (fp32 or bf16) and has no gradient buffer; a
+  // trainable one is fp32. The parameter tensors keep their identity (optimizer keys).
+  void set_expert_trainable(std::int64_t e, bool trainable, c10::ScalarType frozen_dtype = c10::kFloat);
   bool expert_trainable(std::int64_t e) const;
   Expert& expert(std::int64_t e) { return experts_[static_cast<std::size_t>(e)]; }
   std::int64_t n_experts() const { return n_experts_; }

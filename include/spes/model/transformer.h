@@ -69,8 +69,11 @@ class MoeTransformerImpl : public torch::nn::Module {
   // keys and values to the cache (an empty cache starts at position 0). No gradient needed.
   torch::Tensor forward_cached(const torch::Tensor& input_ids, KvCache& cache);
 
-  // Freezes every expert not in `owned` (same indices in every layer) and unfreezes the rest.
-  void set_owned_experts(const std::vector<int>& owned);
+  // Freezes every expert not in `owned` (same indices in every layer), stored in `frozen_dtype`,
+  // and unfreezes the rest (fp32).
+  void set_owned_experts(const std::vector<int>& owned, c10::ScalarType frozen_dtype = c10::kFloat);
+  // Where the parameters are (the embedding's device).
+  c10::Device device() const { return embed_tokens->weight.device(); }
   // Parameters with requires_grad, in registration order (what the optimizer holds).
   std::vector<torch::Tensor> trainable_parameters() const;
   // True for names of the form layers.{l}.mlp.experts.{e}.*

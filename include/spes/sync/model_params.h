@@ -1,13 +1,39 @@
 // The bridge from the libtorch model to the torch-free sync module: every parameter of a
 // MoeTransformer as a named fp32 buffer, experts tagged with their layer and index.
+//
+// On the CPU with fp32 parameters the buffers are the parameters themselves. On a GPU, or with
+// bf16 frozen experts, they are a page-locked fp32 host copy that to_host() fills before a round
+// (one device-to-host transfer) and to_model() writes back after it (one transfer the other way).
 #pragma once
+
+#include <memory>
 
 #include "spes/model/transformer.h"
 #include "spes/sync/params.h"
 
 namespace spes {
 
-// The model must outlive the ParamSet (it points into the parameters' storage).
-ParamSet model_param_set(MoeTransformer& model);
+class ModelParamMirror {
+ public:
+  // The model must outlive the mirror. Fills the buffers once.
+  explicit ModelParamMirror(MoeTransformer& model);
+  ~ModelParamMirror();
+
+  ParamSet& params() { return params_; }
+  const ParamSet& params() const { return params_; }
+  // True when the buffers are a host copy (GPU, or non-fp32 parameters), false when they are
+  // the parameters' own storage.
+  bool staged() const;
+  // Model → buffers (before a round); a no-op when not staged.
+  void to_host();
+  // Buffers → model (after a round), converting to each parameter's dtype; a no-op when not staged.
+  void to_model();
+
+ private:
+  struct Host;
+  MoeTransformer model_;
+  std::unique_ptr<Host> host_;
+  ParamSet params_;
+};
 
 }  // namespace spes

@@ -19,6 +19,7 @@ struct StepStats {
   double flops = 0;         // model FLOPs of the step by count
   double mfu = 0;           // flops / seconds / measured matmul peak (0 if unknown)
   std::int64_t peak_rss = 0;
+  std::int64_t peak_device_bytes = 0;  // GPU: most bytes in live tensors so far (0 on the CPU)
   double frozen_share = 0;  // fraction of routed pairs that went to frozen experts
   std::vector<std::vector<std::int64_t>> expert_load;  // [layer][expert] routed pairs
 };

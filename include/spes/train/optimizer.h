@@ -23,6 +23,7 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 struct TrainingMemory {
+  std::int64_t weight_bytes = 0;     // every parameter at its storage dtype (bf16 frozen experts: 2 B)
   std::int64_t trainable_params = 0;
   std::int64_t grad_bytes = 0;       // allocated gradient buffers
   std::int64_t optimizer_bytes = 0;  // AdamW moments

@@ -16,6 +16,7 @@
 #include "spes/data/loader.h"
 #include "spes/data/shard.h"
 #include "spes/model/transformer.h"
+#include "spes/train/device.h"
 #include "spes/train/metrics.h"
 #include "spes/train/optimizer.h"
 
@@ -62,10 +63,12 @@ class Trainer {
   TrainingMemory memory() const;
   const Config& config() const { return config_; }
   double peak_flops() const { return peak_flops_; }
+  const DevicePlan& device_plan() const { return plan_; }
 
  private:
   Config config_;
   TrainerOptions options_;
+  DevicePlan plan_;
   TokenShard train_shard_, val_shard_;
   std::optional<WindowSampler> sampler_;
   MoeTransformer model_{nullptr};

@@ -114,7 +114,10 @@ PreparedData prepare_data(const Config& config, bool force) {
     spdlog::info("training a {} tokenizer with {} pieces", opts.model_type, opts.vocab_size);
     Tokenizer::train(train_copy, p.tokenizer, opts);
   } else {
-    fs::copy_file(config.data.tokenizer, p.tokenizer, fs::copy_options::overwrite_existing);
+    // data.tokenizer may already be data.dir's own tokenizer.model (a rebuild with other settings).
+    std::error_code ec;
+    if (!fs::equivalent(config.data.tokenizer, p.tokenizer, ec))
+      fs::copy_file(config.data.tokenizer, p.tokenizer, fs::copy_options::overwrite_existing);
   }
   Tokenizer tok(p.tokenizer);
   if (tok.vocab_size() > config.model.vocab_size)

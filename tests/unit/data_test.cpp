@@ -280,6 +280,21 @@ TEST(Prepare, TinyDataFromTheKingJamesBible) {
   EXPECT_TRUE(again.reused);
 }
 
+TEST(Prepare, TokenizerInsideTheDataFolderIsReusedInPlace) {
+  TempDir dir;
+  write_text(dir.path() / "a.txt", "alpha beta gamma delta\n");
+  write_text(dir.path() / "b.txt", "epsilon zeta eta theta\n");
+  fs::create_directories(dir.path() / "out");
+  fs::copy_file(test::tiny_data_dir() + "/tokenizer.model", dir.path() / "out" / "tokenizer.model");
+  Config c = load_config(test::config_path("tiny"), {"data.dir=" + (dir.path() / "out").string(),
+                                                     "data.tokenizer=" + (dir.path() / "out" / "tokenizer.model").string(),
+                                                     "data.corpus=" + dir.path().string()});
+  PreparedData d = prepare_data(c);
+  EXPECT_FALSE(d.reused);
+  EXPECT_GT(d.train_tokens + d.val_tokens, 0);
+  EXPECT_EQ(Tokenizer(dir.path() / "out" / "tokenizer.model").vocab_size(), 512);
+}
+
 TEST(Prepare, TokenizerLargerThanModelVocabIsRefused) {
   TempDir dir;
   write_text(dir.path() / "a.txt", "alpha beta gamma delta\n");

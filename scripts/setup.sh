@@ -55,10 +55,20 @@ else
   $SUDO rm -rf "$SPES_TORCH_HOME"
   $SUDO mkdir -p "$(dirname "$SPES_TORCH_HOME")"
   $SUDO /usr/bin/python3 -m venv "$SPES_TORCH_HOME"
-  # The CUDA build of the wheel; cuSPARSELt, NVSHMEM and cuFile are what libtorch_cuda.so needs
-  # beyond /usr/local/cuda (versions as the wheel's own requirements pin them).
-  $SUDO "$SPES_TORCH_HOME/bin/pip" install -q --no-deps "torch==$SPES_TORCH_VERSION" \
-    nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6
+  # The CUDA build of the wheel, then what libtorch_cuda.so needs beyond /usr/local/cuda, at the
+  # versions the wheel's own requirements pin: cuSPARSELt, NVSHMEM and cuFile always; NCCL only
+  # when the wheel pins another release than the toolkit's (torch 2.11 pins the toolkit's 2.28.9;
+  # 2.15 needs 2.30.7's new symbols).
+  $SUDO "$SPES_TORCH_HOME/bin/pip" install -q --no-deps "torch==$SPES_TORCH_VERSION"
+  metadata=$(ls "$(spes_torch_site)"/torch-"$SPES_TORCH_VERSION"*.dist-info/METADATA)
+  pinned() { sed -n "s/^Requires-Dist: \($1==[0-9.]*\).*/\1/p" "$metadata"; }
+  cuda_wheels="$(pinned nvidia-cusparselt-cu13) $(pinned nvidia-nvshmem-cu13) nvidia-cufile==1.15.1.6"
+  toolkit_nccl=$(awk '/#define NCCL_(MAJOR|MINOR|PATCH) /{v=v (v?".":"") $3} END{print v}' /usr/local/cuda/include/nccl.h 2>/dev/null || true)
+  wheel_nccl=$(pinned nvidia-nccl-cu13)
+  if [ -n "$wheel_nccl" ] && [ "${wheel_nccl#*==}" != "$toolkit_nccl" ]; then cuda_wheels="$cuda_wheels $wheel_nccl"; fi
+  echo "setup: CUDA libraries from PyPI: $cuda_wheels"
+  # shellcheck disable=SC2086
+  $SUDO "$SPES_TORCH_HOME/bin/pip" install -q --no-deps $cuda_wheels
   # The wheel ships protobuf 3.13 and fmt 12 headers; spes builds against Debian's protobuf 3.21
   # and fmt 9 (which Debian's spdlog is built on). Torch's own public headers need neither; left in
   # place they shadow Debian's in every file that includes torch.

@@ -6,6 +6,7 @@
 #include "spes/data/prepare.h"
 #include "spes/train/checkpoint.h"
 #include "spes/train/trainer.h"
+#include "spes/util/error.h"
 #include "spes/util/fs.h"
 #include "spes/util/log.h"
 #include "spes/util/signals.h"
@@ -21,6 +22,9 @@ void add_train_command(CLI::App& app) {
   train->callback([options, resume] {
     if (*resume) options->overrides.push_back("checkpoint.resume=auto");
     Config config = load_config(options->config, options->overrides);
+    if (config.node.ranks > 1)
+      raise(ErrorKind::Config, "{}: `spes train` runs one process; several ranks per node are a `spes node` "
+            "feature (spes node --nproc-per-node {})", config.where("node.ranks"), config.node.ranks);
     install_stop_signals();
     ensure_directory(config.run.out_dir);
     init_logging(options->log_level == "info" ? config.run.log_level : options->log_level,

@@ -337,6 +337,19 @@ void read_coordinator(MapReader r, CoordinatorClientConfig& c) {
   if (c.wait_s < 0) r.fail("wait_s", "must be >= 0");
 }
 
+void read_node(MapReader r, NodeConfig& c) {
+  r.get("ranks", c.ranks);
+  r.get("backend", c.backend);
+  r.get("bucket_mb", c.bucket_mb);
+  r.get("timeout_s", c.timeout_s);
+  r.finish();
+  if (c.ranks < 1) r.fail("ranks", fmt::format("must be >= 1 (local processes of this node), got {}", c.ranks));
+  if (c.backend != "auto" && c.backend != "nccl" && c.backend != "gloo")
+    r.fail("backend", fmt::format("must be auto, nccl or gloo, got '{}'", c.backend));
+  if (!(c.bucket_mb > 0)) r.fail("bucket_mb", "must be positive");
+  if (!(c.timeout_s > 0)) r.fail("timeout_s", "must be positive");
+}
+
 void read_merge(MapReader r, MergeConfig& c) {
   r.get("alpha", c.alpha);
   r.get("horizon", c.horizon);
@@ -379,6 +392,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   read_merge(top.section("merge"), c.merge);
   read_coordinator(top.section("coordinator"), c.coordinator);
   read_checkpoint(top.section("checkpoint"), c.checkpoint);
+  read_node(top.section("node"), c.node);
   top.finish();
   if (!c.coordinator.address.empty() && !c.sync.enabled())
     raise(ErrorKind::Config, "{}: a coordinator needs sync (sync.every and sync.peers)", c.where("coordinator.address"));
@@ -398,6 +412,12 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
       raise(ErrorKind::Config, "{}: merge.every ({}) must be a multiple of sync.every ({}): merges happen at sync rounds",
             c.where("merge.every"), c.merge.every, c.sync.every);
   }
+
+  // The other ranks wait in a collective while rank 0 runs a round: the collective timeout must outlast it.
+  if (c.node.ranks > 1 && c.sync.enabled() && c.node.timeout_s <= c.sync.round_timeout_s)
+    raise(ErrorKind::Config, "{}: node.timeout_s ({} s) must exceed sync.round_timeout_s ({} s): the node's other "
+          "ranks wait in a collective while rank 0 runs a round", c.where("node.timeout_s"), c.node.timeout_s,
+          c.sync.round_timeout_s);
 
   if (c.data.seq_len > c.model.max_seq_len)
     raise(ErrorKind::Config, "{}: data.seq_len ({}) exceeds model.max_seq_len ({})",

@@ -15,15 +15,22 @@ int cuda_device_count() { return torch::cuda::is_available() ? static_cast<int>(
 
 namespace {
 
-c10::Device pick_device(const Config& c) {
+c10::Device pick_device(const Config& c, int local_rank) {
   const std::string& want = c.train.device;
   const int gpus = cuda_device_count();
   if (want == "cpu") return c10::Device(c10::kCPU);
-  if (want == "auto") return gpus > 0 ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  const int index = want == "cuda" ? 0 : std::stoi(want.substr(5));
+  if (want == "auto" && gpus == 0) return c10::Device(c10::kCPU);
+  const int ranks = c.node.ranks;
+  if (ranks > 1 && want.rfind("cuda:", 0) == 0)
+    raise(ErrorKind::Config, "{}: '{}' names one GPU, but node.ranks is {}: use cuda (rank r takes cuda:r) or auto",
+          c.where("train.device"), want, ranks);
+  const int index = want.rfind("cuda:", 0) == 0 ? std::stoi(want.substr(5)) : local_rank;
   if (gpus == 0)
     raise(ErrorKind::Config, "{}: '{}' asks for a CUDA GPU, but this machine has none visible (no GPU, no NVIDIA "
           "driver, or CUDA_VISIBLE_DEVICES hides them): use auto or cpu", c.where("train.device"), want);
+  if (ranks > 1 && ranks > gpus)
+    raise(ErrorKind::Config, "{}: {} ranks on CUDA need {} GPUs (one per rank), this machine has {}",
+          c.where("node.ranks"), ranks, ranks, gpus);
   if (index >= gpus)
     raise(ErrorKind::Config, "{}: '{}' asks for GPU {}, but this machine has {} (cuda:0 .. cuda:{})",
           c.where("train.device"), want, index, gpus, gpus - 1);
@@ -32,9 +39,9 @@ c10::Device pick_device(const Config& c) {
 
 }  // namespace
 
-DevicePlan resolve_device_plan(const Config& c) {
+DevicePlan resolve_device_plan(const Config& c, int local_rank) {
   DevicePlan plan;
-  plan.device = pick_device(c);
+  plan.device = pick_device(c, local_rank);
   const bool cuda = plan.device.is_cuda();
   const std::string& precision = c.train.precision;
   if (precision == "bf16" && !cuda)

@@ -19,17 +19,20 @@
 
 namespace spes {
 
-int configure_threads(const RunConfig& run) {
-  int threads = run.threads > 0 ? run.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+int configure_threads(const RunConfig& run, int processes) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = run.threads > 0 ? run.threads : std::max(1, cores / std::max(1, processes));
   torch::set_num_threads(threads);
   return threads;
 }
 
 namespace {
 
-torch::Tensor to_tensor(const std::vector<std::int64_t>& values, std::int64_t rows, std::int64_t cols,
-                        const c10::Device& device) {
-  return torch::from_blob(const_cast<std::int64_t*>(values.data()), {rows, cols}, torch::kInt64).to(device, false, true);
+// Rows [first_row, first_row + rows) of a batch's token matrix, on the device.
+torch::Tensor to_tensor(const std::vector<std::int64_t>& values, std::int64_t first_row, std::int64_t rows,
+                        std::int64_t cols, const c10::Device& device) {
+  auto* start = const_cast<std::int64_t*>(values.data()) + first_row * cols;
+  return torch::from_blob(start, {rows, cols}, torch::kInt64).to(device, false, true);
 }
 
 void check_shard_vocab(const TokenShard& shard, const Config& c) {
@@ -44,7 +47,7 @@ void check_shard_vocab(const TokenShard& shard, const Config& c) {
 Trainer::Trainer(Config config, TrainerOptions options)
     : config_(std::move(config)),
       options_(options),
-      plan_(resolve_device_plan(config_)),
+      plan_(resolve_device_plan(config_, options.grad_sync ? options.grad_sync->rank() : 0)),
       train_shard_(data_paths(config_.data).train),
       val_shard_(data_paths(config_.data).val) {
   check_shard_vocab(train_shard_, config_);
@@ -60,6 +63,7 @@ Trainer::Trainer(Config config, TrainerOptions options)
   model_->set_owned_experts(owned, plan_.frozen_dtype);
   trainable_ = model_->trainable_parameters();
   optimizer_ = make_adamw(trainable_, config_.optim);
+  if (options_.grad_sync) options_.grad_sync->attach(trainable_);
 
   if (options_.measure_peak) peak_flops_ = measure_matmul_peak_flops(1.5, plan_.device, plan_.bf16_autocast);
   if (options_.write_outputs) {
@@ -82,10 +86,13 @@ StepStats Trainer::step() {
   // Loss terms and expert loads stay on the device until the step is done: one copy to the host.
   torch::Tensor terms = torch::zeros({5}, on_device.dtype(torch::kFloat64));
   torch::Tensor load = torch::zeros({L, E}, on_device.dtype(torch::kInt64));
+  // With several ranks, every rank draws the node's micro-batch and trains on its own rows.
+  GradientSync* dp = options_.grad_sync;
+  const std::int64_t ranks = dp ? dp->ranks() : 1, first_row = dp ? dp->rank() * tc.batch_size : 0;
   for (std::int64_t micro = 0; micro < tc.grad_accum; ++micro) {
-    TokenBatch batch = sampler_->next_batch(tc.batch_size);
-    auto inputs = to_tensor(batch.inputs, batch.batch, batch.seq_len, plan_.device);
-    auto targets = to_tensor(batch.targets, batch.batch, batch.seq_len, plan_.device);
+    TokenBatch batch = sampler_->next_batch(tc.batch_size * ranks);
+    auto inputs = to_tensor(batch.inputs, first_row, tc.batch_size, batch.seq_len, plan_.device);
+    auto targets = to_tensor(batch.targets, first_row, tc.batch_size, batch.seq_len, plan_.device);
     LossTerms loss;
     ModelOutput out;
     {
@@ -93,11 +100,20 @@ StepStats Trainer::step() {
       out = model_->forward(inputs);
       loss = compute_loss(out, targets, config_.loss);
     }
+    if (dp) dp->before_backward(micro + 1 == tc.grad_accum);
     (loss.total / static_cast<double>(tc.grad_accum)).backward();
     terms += torch::stack({loss.total, loss.ce, loss.z_loss, loss.load_balance, loss.router_z}).detach().to(torch::kFloat64) /
              static_cast<double>(tc.grad_accum);
     load += torch::stack(out.expert_counts);
-    s.tokens += batch.batch * batch.seq_len;
+    s.tokens += batch.batch * batch.seq_len;  // the node's tokens, all ranks together
+  }
+  if (dp) {
+    dp->finish_gradients();
+    // Loss terms (mean over ranks) and expert loads (sum) of the node's whole batch.
+    torch::Tensor stats = torch::cat({terms, load.flatten().to(torch::kFloat64)});
+    dp->sum(stats);
+    terms = stats.narrow(0, 0, 5) / static_cast<double>(ranks);
+    load = stats.narrow(0, 5, L * E).view({L, E}).round().to(torch::kInt64);
   }
   s.grad_norm = clip_grad_norm(trainable_, config_.optim.grad_clip);
   optimizer_->step();
@@ -127,7 +143,7 @@ StepStats Trainer::step() {
     }
   s.frozen_share = routed > 0 ? static_cast<double>(frozen) / static_cast<double>(routed) : 0.0;
   s.flops = count_train_flops(config_.model, config_.data.seq_len, s.tokens, s.frozen_share).total();
-  s.mfu = peak_flops_ > 0 ? s.flops / s.seconds / peak_flops_ : 0.0;
+  s.mfu = peak_flops_ > 0 ? s.flops / s.seconds / (peak_flops_ * static_cast<double>(ranks)) : 0.0;
   s.peak_rss = peak_rss_bytes();
   s.peak_device_bytes = device_memory(plan_.device).peak_allocated;
   if (metrics_) metrics_->write(s);
@@ -156,6 +172,7 @@ std::vector<int> Trainer::set_owned_experts(const std::vector<int>& owned) {
   auto old_state = std::move(optimizer_->state());
   trainable_ = model_->trainable_parameters();
   optimizer_ = make_adamw(trainable_, config_.optim);
+  if (options_.grad_sync) options_.grad_sync->attach(trainable_);
   for (const auto& p : trainable_) {
     auto key = p.unsafeGetTensorImpl();
     auto it = old_state.find(key);
@@ -205,7 +222,8 @@ EvalStats Trainer::run() {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(tc.steps - s.step);
       const double tps = window_tokens / window_seconds;
-      const double mfu = peak_flops_ > 0 ? window_flops / window_seconds / peak_flops_ : 0.0;
+      const double ranks = options_.grad_sync ? options_.grad_sync->ranks() : 1;
+      const double mfu = peak_flops_ > 0 ? window_flops / window_seconds / (peak_flops_ * ranks) : 0.0;
       spdlog::info("step {:>5}/{} | loss {:.4f} (ce {:.4f} lb {:.3f} rz {:.2f}) | lr {:.2e} | gnorm {:.2f} | "
                    "{} tok/s | MFU {:.1f}% | {} {} | ETA {}",
                    s.step, tc.steps, s.loss, s.ce, s.load_balance, s.router_z, s.lr, s.grad_norm,
@@ -214,11 +232,12 @@ EvalStats Trainer::run() {
                    format_duration(eta));
       window_seconds = window_tokens = window_flops = 0;
     }
-    if (tc.eval_every > 0 && s.step % tc.eval_every == 0 && s.step != tc.steps) {
+    if (options_.evaluate && tc.eval_every > 0 && s.step % tc.eval_every == 0 && s.step != tc.steps) {
       last_eval = evaluate();
       spdlog::info("eval  {:>5} | val loss {:.4f} | val ppl {:.2f}", last_eval.step, last_eval.loss, last_eval.perplexity);
     }
   }
+  if (!options_.evaluate) return last_eval;
   last_eval = evaluate();
   spdlog::info("eval  {:>5} | val loss {:.4f} | val ppl {:.2f} | done in {}", last_eval.step, last_eval.loss,
                last_eval.perplexity,

@@ -83,7 +83,8 @@ fi
 # nothing listens there, so launch-local must start (gRPC binds with SO_REUSEADDR).
 write_cluster e2 20
 coord_port=$(grep -o "127.0.0.1:[0-9]*" "$TMP/e2/cluster.yaml" | head -1 | cut -d: -f2)
-python3 - "$coord_port" <<'PY'
+make_time_wait() {
+  python3 - "$coord_port" <<'PY'
 import socket, sys, time
 port = int(sys.argv[1])
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,7 +92,12 @@ srv.bind(("127.0.0.1", port)); srv.listen()
 client = socket.create_connection(("127.0.0.1", port)); conn, _ = srv.accept()
 conn.close(); time.sleep(0.1); client.close(); srv.close()
 PY
-ss -tan | grep -q "TIME-WAIT.*127.0.0.1\]*:$coord_port " || fail "E2: no TIME_WAIT made on port $coord_port"
+  ss -tan | grep -q "TIME-WAIT.*127.0.0.1\]*:$coord_port "
+}
+# (tried three times: the set-up itself failed once in a loaded suite run, cause not found)
+made=no
+for _ in 1 2 3; do make_time_wait 2>"$TMP/e2/tw.err" && { made=yes; break; }; sleep 0.5; done
+[[ $made == yes ]] || fail "E2: no TIME_WAIT made on port $coord_port: $(tail -1 "$TMP/e2/tw.err"); $(ss -tan | grep -c TIME-WAIT) in TIME-WAIT"
 if "$SPES" launch-local "$TMP/e2/cluster.yaml" --refresh 2 --no-plot > "$TMP/e2/launch.log" 2>&1 &&
    grep -q "node 0 done: 2 rounds" "$TMP/e2/run/node0/node.log"; then
   echo "ok   E2: launch-local on ports with connections of a run that just ended (TIME_WAIT)"

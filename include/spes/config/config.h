@@ -151,6 +151,15 @@ struct CheckpointConfig {
   std::string effective_dir(const RunConfig& run) const { return dir.empty() ? run.out_dir + "/checkpoints" : dir; }
 };
 
+// The node's own processes (docs/configuration.md, "Several GPUs per node"): K ranks train the
+// same experts data-parallel through c10d; only rank 0 takes part in SPES rounds.
+struct NodeConfig {
+  int ranks = 1;                 // local ranks (one process per GPU); `spes node --nproc-per-node K`
+  std::string backend = "auto";  // auto (nccl on CUDA, gloo on the CPU) | nccl | gloo
+  double bucket_mb = 25;         // gradient all-reduce bucket size, MiB
+  double timeout_s = 1800;       // a collective not done within this ends the node (a rank died or hangs)
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -163,6 +172,7 @@ struct Config {
   MergeConfig merge;
   CoordinatorClientConfig coordinator;
   CheckpointConfig checkpoint;
+  NodeConfig node;
 
   std::string source;                     // the file it came from
   std::map<std::string, int> key_lines;   // "model.d_model" -> line in `source`

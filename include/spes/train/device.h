@@ -23,8 +23,9 @@ struct DevicePlan {
 };
 
 // Error(Config) naming the key when the config asks for what the machine cannot do: a GPU
-// where none is visible (or an index past the last one), bf16 on the CPU.
-DevicePlan resolve_device_plan(const Config& config);
+// where none is visible (or an index past the last one), bf16 on the CPU, more CUDA ranks
+// (node.ranks) than GPUs. With several ranks, rank r of a node takes cuda:r.
+DevicePlan resolve_device_plan(const Config& config, int local_rank = 0);
 
 // Number of CUDA devices visible to this process (0 on a machine without a GPU or driver).
 int cuda_device_count();

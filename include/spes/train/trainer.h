@@ -17,6 +17,7 @@
 #include "spes/data/shard.h"
 #include "spes/model/transformer.h"
 #include "spes/train/device.h"
+#include "spes/train/grad_sync.h"
 #include "spes/train/metrics.h"
 #include "spes/train/optimizer.h"
 
@@ -26,6 +27,11 @@ struct TrainerOptions {
   bool write_outputs = true;   // train.log and metrics.jsonl under run.out_dir
   bool measure_peak = true;    // measure the matmul peak at start, for MFU
   bool progress = true;        // progress lines on the terminal every train.log_every steps
+  bool evaluate = true;        // validation during and after run() (rank 0 of a node only)
+  // Data parallelism inside the node (node.ranks > 1): this rank trains on its slice of the
+  // node's batch (train.batch_size sequences per micro-batch per rank) and averages gradients
+  // with the other ranks through it. Null: one process, the whole batch.
+  GradientSync* grad_sync = nullptr;
 };
 
 class Trainer {
@@ -83,7 +89,8 @@ class Trainer {
   bool stopped_early_ = false;
 };
 
-// Sets libtorch's intra-op threads from run.threads (0 = all cores); returns the count.
-int configure_threads(const RunConfig& run);
+// Sets libtorch's intra-op threads from run.threads (0 = all cores, shared evenly by the
+// `processes` of a node with several ranks); returns the count.
+int configure_threads(const RunConfig& run, int processes = 1);
 
 }  // namespace spes

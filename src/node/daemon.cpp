@@ -1,0 +1,428 @@
+// spes node: one node of a SPES cluster — the trainer, the sync service and (when
+// coordinator.address is set) the coordinator client. Without a coordinator the peers come
+// from sync.peers. With node.ranks = K > 1 the node is K processes (spes/node/ranks.h): rank 0
+// is the daemon below, the others train the same experts data-parallel and take rank 0's
+// weights after every round.
+#include "spes/node/daemon.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "spes/coord/coordinator.h"
+#include "spes/dist/node_group.h"
+#include "spes/sync/engine.h"
+#include "spes/sync/model_params.h"
+#include "spes/train/checkpoint.h"
+#include "spes/train/trainer.h"
+#include "spes/util/error.h"
+#include "spes/util/fs.h"
+#include "spes/util/progress.h"
+#include "spes/util/safetensors.h"
+#include "spes/util/signals.h"
+
+namespace spes {
+namespace {
+
+// Steps after which the node runs a sync round (and its ranks re-share rank 0's state).
+bool is_round_step(const Config& c, std::int64_t step) { return step % c.sync.every == 0 || step == c.train.steps; }
+
+// Every rank stops after the same step: a stop requested on any of them stops all.
+bool stop_agreed(NodeGroup* group) {
+  const bool here = stop_requested();
+  return group ? group->max(here ? 1 : 0) > 0 : here;
+}
+
+// Rank 0's step counter, round, owned experts and weights into every rank of the node (in
+// place); returns the round. The optimizer state needs no copy: every rank started from the same
+// shard (or from zero) and has applied the same averaged gradients since.
+std::uint64_t share_from_leader(NodeGroup& group, Trainer& trainer, std::uint64_t round) {
+  const Config& c = trainer.config();
+  const auto device = trainer.device_plan().device;
+  auto header = torch::full({c.model.n_experts + 3}, -1, torch::TensorOptions().dtype(torch::kInt64));
+  if (group.rank() == 0) {
+    const auto owned = c.owned_expert_list();
+    header[0] = trainer.step_count();
+    header[1] = static_cast<std::int64_t>(round);
+    header[2] = static_cast<std::int64_t>(owned.size());
+    for (std::size_t i = 0; i < owned.size(); ++i) header[static_cast<std::int64_t>(i) + 3] = owned[i];
+  }
+  header = header.to(device);
+  group.broadcast({header});
+  header = header.cpu();
+  const auto* h = header.data_ptr<std::int64_t>();
+  if (group.rank() != 0) {
+    std::vector<int> owned(static_cast<std::size_t>(h[2]));
+    for (std::size_t i = 0; i < owned.size(); ++i) owned[i] = static_cast<int>(h[i + 3]);
+    if (owned != c.owned_expert_list()) {
+      trainer.set_owned_experts(owned);
+      spdlog::warn("rank {}: now trains experts {} (rank 0's plan)", group.rank(), format_list(owned));
+    }
+    trainer.set_step(h[0]);
+  }
+  group.broadcast(trainer.model()->parameters());
+  return static_cast<std::uint64_t>(h[1]);
+}
+
+// sync.dump_dir: every rank's weights after a round's share, to check that the ranks agree.
+void dump_rank_weights(Trainer& trainer, int rank, std::uint64_t round) {
+  const Config& c = trainer.config();
+  if (c.sync.dump_dir.empty()) return;
+  std::vector<torch::Tensor> keep;
+  std::vector<TensorView> views;
+  for (const auto& p : trainer.model()->named_parameters()) {
+    keep.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+    views.push_back({p.key(), keep.back().sizes().vec(), keep.back().data_ptr<float>()});
+  }
+  const std::string dir = fmt::format("{}/node{}", c.sync.dump_dir, c.run.node_id);
+  ensure_directory(dir);
+  write_safetensors(fmt::format("{}/rank{}_round{}.safetensors", dir, rank, round), views);
+}
+
+void dump_params(const ParamSet& params, const std::string& path) {
+  std::vector<TensorView> views;
+  for (const auto& p : params.params()) views.push_back({p.name, p.shape, p.data});
+  write_safetensors(path, views);
+}
+
+std::string skipped_text(const SyncRoundReport& r) {
+  if (r.skipped.empty()) return "none";
+  std::string out;
+  for (const auto& s : r.skipped) out += (out.empty() ? "" : ",") + std::to_string(s.peer);
+  return out;
+}
+
+// The plan that static sync.peers describe (no coordinator).
+MembershipPlan static_plan(const Config& c) {
+  MembershipPlan plan;
+  for (const auto& p : c.sync.peers) plan.members.push_back({p.id, p.address, p.experts});
+  return plan;
+}
+
+// The node config with a plan's members as sync peers: what one SyncEngine runs with.
+Config engine_config(const Config& base, const MembershipPlan& plan) {
+  Config c = base;
+  c.sync.peers.clear();
+  for (const auto& m : plan.members) c.sync.peers.push_back({m.id, m.address, m.experts});
+  return c;
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Reports progress to the coordinator every coordinator.heartbeat_s from its own thread.
+class Heartbeat {
+ public:
+  Heartbeat(CoordinatorClient& client, int node_id, double every_s) : client_(client), node_id_(node_id) {
+    thread_ = std::thread([this, every_s] {
+      std::unique_lock lock(mutex_);
+      while (!stopping_) {
+        NodeProgress p = progress_;
+        lock.unlock();
+        client_.heartbeat(node_id_, p);
+        lock.lock();
+        changed_.wait_for(lock, std::chrono::milliseconds(static_cast<std::int64_t>(every_s * 1000)),
+                          [this] { return stopping_; });
+      }
+    });
+  }
+  ~Heartbeat() { stop(NodeProgress{}, false); }
+  template <typename Update>
+  void update(Update f) {
+    std::lock_guard lock(mutex_);
+    f(progress_);
+  }
+  // Stops the thread; with `final_report`, sends `last` once more (e.g. done = true).
+  void stop(const NodeProgress& last, bool final_report) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+      changed_.notify_all();
+    }
+    thread_.join();
+    if (final_report) client_.heartbeat(node_id_, last);
+  }
+  NodeProgress snapshot() {
+    std::lock_guard lock(mutex_);
+    return progress_;
+  }
+
+ private:
+  CoordinatorClient& client_;
+  int node_id_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  NodeProgress progress_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// A node's rank 0 (its only process unless node.ranks > 1): trainer, sync rounds, coordinator,
+// checkpoints. With several ranks it hands its state to the others after every round.
+class NodeDaemon {
+ public:
+  NodeDaemon(Config config, NodeGroup* group, GradientSync* grad_sync)
+      : config_(std::move(config)),
+        group_(group),
+        trainer_(config_, TrainerOptions{.grad_sync = grad_sync}),
+        mirror_(trainer_.model()) {
+    if (!config_.sync.dump_dir.empty()) {
+      dump_dir_ = config_.sync.dump_dir + "/node" + std::to_string(config_.run.node_id);
+      ensure_directory(dump_dir_);
+    }
+  }
+
+  void run() {
+    const int me = config_.run.node_id;
+    std::optional<SyncCarry> carry;
+    if (auto resumed = resume_from_config(trainer_)) {
+      round_ = resumed->sync_round;
+      round_step_ = resumed->step;
+      carry = std::move(resumed->sync_carry);
+    }
+    std::uint64_t catch_up_round = 0;
+    if (!config_.coordinator.address.empty()) {
+      coordinator_ = std::make_unique<CoordinatorClient>(config_);
+      const MembershipPlan configured = static_plan(config_);
+      auto [plan, round] = coordinator_->join(me, configured.find(me)->address, config_.coordinator.wait_s);
+      spdlog::info("coordinator {}: joined run '{}' as node {}{}", config_.coordinator.address,
+                   config_.sync.effective_run_id(config_.run), me,
+                   round > 0 ? fmt::format(" (run in progress: catching up at round {})", round) : "");
+      heartbeat_ = std::make_unique<Heartbeat>(*coordinator_, me, config_.coordinator.heartbeat_s);
+      if (round > 0) {
+        plan_ = plan;
+        catch_up_round = round;
+      } else {
+        plan_ = plan_for(1).value_or(plan);
+      }
+    } else {
+      plan_ = static_plan(config_);
+    }
+    engine_ = make_engine();
+    if (catch_up_round > 0) catch_up(catch_up_round);
+    else adopt(plan_, /*log_changes=*/false);
+    if (carry && catch_up_round == 0) restore_carry(*carry);
+
+    if (group_) share_from_leader(*group_, trainer_, round_);
+
+    trainer_.set_after_step([this](const StepStats& s) { after_step(s); });
+    trainer_.set_should_stop([this] { return stop_agreed(group_); });
+    EvalStats final_eval = trainer_.run();
+    engine_->finish(config_.sync.round_timeout_s);
+    std::uint64_t skips = 0;
+    for (auto k : engine_->skip_counts()) skips += k;
+    if (heartbeat_) {
+      NodeProgress last = heartbeat_->snapshot();
+      last.done = !trainer_.stopped_early();
+      heartbeat_->stop(last, true);
+    }
+    if (trainer_.stopped_early()) {
+      const auto carry_now = trainer_.step_count() == round_step_ ? engine_->carry() : std::nullopt;
+      spdlog::warn("node {} stopped by signal {} at step {} after {} rounds; left the round cleanly; wrote {}", me,
+                   stop_signal(), trainer_.step_count(), round_, write_shard(trainer_, round_, carry_now ? &*carry_now : nullptr));
+      return;
+    }
+    spdlog::info("node {} done: {} rounds, {} in, {} out, {} peer skips; final validation loss {:.4f} (ppl {:.2f})", me,
+                 round_, format_bytes(static_cast<double>(bytes_in_ + engine_->bytes_received())),
+                 format_bytes(static_cast<double>(bytes_out_ + engine_->bytes_sent())), skips, final_eval.loss,
+                 final_eval.perplexity);
+  }
+
+ private:
+  std::optional<MembershipPlan> plan_for(std::uint64_t round) {
+    auto plan = coordinator_->plan_for(config_.run.node_id, round, config_.coordinator.wait_s);
+    if (!plan)
+      spdlog::warn("coordinator {} unreachable for {:.0f} s: keeping plan {} for round {}", config_.coordinator.address,
+                   config_.coordinator.wait_s, plan_.version, round);
+    return plan;
+  }
+
+  // The sync engine for plan_: its members as peers, its observers waited for in finish().
+  std::unique_ptr<SyncEngine> make_engine() {
+    return std::make_unique<SyncEngine>(engine_config(config_, plan_), mirror_.params(),
+                                        SyncMembership{plan_.version, std::max(plan_.effective_round, round_ + 1),
+                                                       plan_.observers});
+  }
+
+  // Trains what `plan` gives this node; says which experts it takes over (zero moments).
+  void adopt(const MembershipPlan& plan, bool log_changes) {
+    const PlanMember* mine = plan.find(config_.run.node_id);
+    if (!mine)
+      raise(ErrorKind::Peer, "node {} is not a member of plan {} (the coordinator declared it dead?): restart it to "
+            "rejoin", config_.run.node_id, plan.version);
+    auto added = trainer_.set_owned_experts(mine->experts);
+    if (log_changes && !added.empty())
+      spdlog::warn("node {} now trains experts {} as well, from their last synced weights; their AdamW moments start "
+                   "at zero", config_.run.node_id, format_list(added));
+    if (heartbeat_) heartbeat_->update([&](NodeProgress& p) { p.experts = mine->experts; });
+  }
+
+  // Switches to a new plan between rounds: peers must first fetch our part of the last round.
+  void switch_plan(const MembershipPlan& next) {
+    engine_->finish(config_.sync.round_timeout_s);
+    bytes_in_ += engine_->bytes_received();
+    bytes_out_ += engine_->bytes_sent();
+    engine_.reset();
+    spdlog::info("plan {} from round {}: {} member(s)", next.version, next.effective_round, next.members.size());
+    plan_ = next;
+    engine_ = make_engine();
+    adopt(plan_, true);
+  }
+
+  // A node joining a run in progress: take round `round`'s result, then become a member.
+  void catch_up(std::uint64_t round) {
+    const std::int64_t step = std::min<std::int64_t>(static_cast<std::int64_t>(round) * config_.sync.every, config_.train.steps);
+    spdlog::info("catching up: waiting for round {} (step {}) from {} member(s)", round, step, plan_.members.size());
+    SyncRoundReport r = run_round(round, step);
+    trainer_.set_step(step);
+    round_ = round;
+    spdlog::info("caught up at round {} (step {}): {} received in {:.1f} s", round, step,
+                 format_bytes(static_cast<double>(r.bytes_in)), r.seconds);
+    auto next = plan_for(round + 1);
+    if (!next || !next->find(config_.run.node_id))
+      raise(ErrorKind::Peer, "caught up at round {} but the coordinator has no plan with node {} as a member", round,
+            config_.run.node_id);
+    switch_plan(*next);
+  }
+
+  void after_step(const StepStats& s) {
+    if (heartbeat_)
+      heartbeat_->update([&](NodeProgress& p) {
+        p.step = s.step;
+        p.loss = s.loss;
+        p.tokens_per_s = s.tokens_per_s;
+        p.peak_rss_bytes = s.peak_rss;
+      });
+    if (!is_round_step(config_, s.step)) {
+      checkpoint_if_due(trainer_, round_);
+      return;
+    }
+    ++round_;
+    SyncRoundReport r = run_round(round_, s.step);
+    log_round(r);
+    round_step_ = s.step;
+    // After the round: a shard resumes at a round boundary, with the engine's residuals.
+    if (checkpoint_due(trainer_)) {
+      const auto carry = engine_->carry();
+      checkpoint_if_due(trainer_, round_, carry ? &*carry : nullptr);
+    }
+    if (coordinator_ && s.step != config_.train.steps) {
+      auto next = plan_for(round_ + 1);
+      if (next && next->version != plan_.version) switch_plan(*next);
+    }
+    if (group_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      share_from_leader(*group_, trainer_, round_);
+      std::int64_t bytes = 0;
+      for (const auto& p : trainer_.model()->parameters()) bytes += static_cast<std::int64_t>(p.nbytes());
+      spdlog::info("ranks round {:>3}: weights to the node's {} other rank(s): {} in {:.3f} s", round_,
+                   group_->ranks() - 1, format_bytes(static_cast<double>(bytes)),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      dump_rank_weights(trainer_, 0, round_);
+    }
+  }
+
+  // One round on the sync buffers: the model's weights go to them before (one device-to-host
+  // copy on a GPU) and come back after.
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
+    mirror_.to_host();
+    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
+    SyncRoundReport r = engine_->run_round(round, step);
+    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
+    mirror_.to_model();
+    return r;
+  }
+
+  // A lossy-encoded run resumed right after a round: the engine takes back its residuals and
+  // baseline rounds, so the next rounds send what an uninterrupted run would have sent.
+  void restore_carry(const SyncCarry& carry) {
+    if (carry.round != round_ || !engine_->restore(carry)) {
+      spdlog::warn("sync: the shard's error-feedback state (round {}) does not fit this run: the next round is sent "
+                   "in fp32 and residuals start at zero", carry.round);
+      return;
+    }
+    spdlog::info("sync: restored the error-feedback residuals and baselines of round {}", carry.round);
+  }
+
+  void log_round(const SyncRoundReport& r) {
+    spdlog::info("sync  round {:>3} at step {:>5} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
+                 format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
+                 r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
+    if (MetricsLog* m = trainer_.metrics()) {
+      nlohmann::json skipped = nlohmann::json::array();
+      for (const auto& k : r.skipped) skipped.push_back({{"peer", k.peer}, {"reason", k.reason}});
+      nlohmann::json by_peer = nlohmann::json::object();
+      for (const auto& b : r.by_peer)
+        by_peer[std::to_string(b.peer)] = {{"in", b.in}, {"out_total", b.out_total}};
+      m->write_line(nlohmann::json{{"type", "sync"}, {"round", r.round}, {"step", r.step}, {"seconds", r.seconds},
+                                   {"bytes_in", r.bytes_in}, {"bytes_out_total", bytes_out_ + r.bytes_out},
+                                   {"skipped", skipped}, {"by_peer", by_peer}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
+                                   {"plan", plan_.version}, {"members", plan_.members.size()}}
+                        .dump());
+    }
+    if (heartbeat_)
+      heartbeat_->update([&](NodeProgress& p) {
+        p.round = r.round;
+        p.last_sync_unix_s = unix_now();
+        p.last_sync_bytes_in = r.bytes_in;
+        p.bytes_in_total = bytes_in_ + engine_->bytes_received();
+        p.bytes_out_total = bytes_out_ + engine_->bytes_sent();
+      });
+  }
+
+  Config config_;
+  NodeGroup* group_;  // the node's other ranks (null: this process is the whole node)
+  Trainer trainer_;
+  ModelParamMirror mirror_;  // the sync engine's view of the weights
+  std::string dump_dir_;
+  std::unique_ptr<CoordinatorClient> coordinator_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+  std::unique_ptr<SyncEngine> engine_;
+  MembershipPlan plan_;
+  std::uint64_t round_ = 0;
+  std::int64_t round_step_ = -1;  // the step of the last completed round (a shard at it can carry sync state)
+  std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of engines replaced by plan changes
+};
+
+// Ranks 1..K-1 of a node: the same trainer on their slice of each batch; rank 0's state after
+// every round; no sync service, coordinator, checkpoints or evaluation of their own.
+void run_follower(const Config& config, NodeGroup& group, GradientSync* grad_sync) {
+  Trainer trainer(config, TrainerOptions{.write_outputs = false, .progress = false, .evaluate = false,
+                                         .grad_sync = grad_sync});
+  resume_from_config(trainer);  // the shard rank 0 resumes from (no shard is written before the first share)
+  share_from_leader(group, trainer, 0);
+  trainer.set_after_step([&](const StepStats& s) {
+    if (!is_round_step(config, s.step)) return;
+    const std::uint64_t round = share_from_leader(group, trainer, 0);
+    dump_rank_weights(trainer, group.rank(), round);
+  });
+  trainer.set_should_stop([&] { return stop_agreed(&group); });
+  trainer.run();
+}
+
+}  // namespace
+
+void run_node_process(const Config& config, const RankContext& context) {
+  if (context.ranks == 1) {
+    NodeDaemon(config, nullptr, nullptr).run();
+    return;
+  }
+  const DevicePlan plan = resolve_device_plan(config, context.rank);
+  const std::string backend = resolve_backend(config, plan.device);
+  NodeGroup group(context, backend, plan.device, config.node.timeout_s);
+  if (context.leader())
+    spdlog::info("node {}: {} ranks, {} process group on {}, gradient buckets of {} MiB", config.run.node_id,
+                 context.ranks, backend, plan.device.is_cuda() ? "cuda:0.." : "the CPU", config.node.bucket_mb);
+  auto grad_sync = group.make_gradient_sync(config.node.bucket_mb);
+  if (context.leader()) NodeDaemon(config, &group, grad_sync.get()).run();
+  else run_follower(config, group, grad_sync.get());
+}
+
+}  // namespace spes

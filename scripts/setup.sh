@@ -3,8 +3,8 @@
 # clone (CI) finds it and downloads nothing again. Safe to run twice: each step checks first.
 #   1. Debian packages (compilers, gRPC/protobuf, yaml-cpp, spdlog, SentencePiece, the corpus, ...).
 #   2. libtorch from PyPI's torch wheel, pinned (SPES_TORCH_VERSION, default 2.11.0), in a venv at
-#      $SPES_TORCH_HOME (default /opt/spes/torch-<version>) with --no-deps plus the three CUDA
-#      libraries that libtorch_cuda links and /usr/local/cuda lacks; the rest of CUDA (cudart,
+#      $SPES_TORCH_HOME (default /opt/spes/torch-<version>) with --no-deps plus the CUDA
+#      libraries that libtorch_cuda links and /usr/local/cuda lacks or has at another version; the rest of CUDA (cudart,
 #      cuBLAS, cuDNN, NCCL) comes from the CUDA toolkit, or from the GPU machine's own install.
 #   3. transformers in the same venv, for the ecosystem test (HF export loaded by transformers).
 # scripts/torch_env.sh tells the build where this is.

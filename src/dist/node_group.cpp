@@ -1,6 +1,7 @@
 #include "spes/dist/node_group.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <unordered_set>
 
 #include "spes/util/error.h"
 
@@ -214,9 +216,20 @@ class BucketedGradientSync final : public GradientSync {
     reset();
   }
 
-  void before_backward(bool last_micro) override {
+  void before_backward(bool last_micro, const torch::Tensor& loss) override {
     std::lock_guard lock(mutex_);
     armed_ = last_micro;
+    if (!armed_) return;
+    // Parameters this backward will not reach (an owned expert no token of this rank's batch
+    // went to) are done already: mark them now, or their bucket would hold back every later one
+    // until backward ends (DDP's find_unused_parameters).
+    const auto reached = parameters_reached_from(loss);
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (!reached.count(slots_[i].param.unsafeGetTensorImpl())) {
+        fill(i, torch::Tensor());
+        --buckets_[slots_[i].bucket].pending;
+      }
+    launch_ready();
   }
 
   void finish_gradients() override {
@@ -227,6 +240,7 @@ class BucketedGradientSync final : public GradientSync {
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b)
       for (std::size_t i : buckets_[b].slots)
         if (!slots_[i].filled) fill(i, torch::Tensor());
+    report_ = {static_cast<int>(buckets_.size()), static_cast<int>(next_launch_)};
     for (auto& b : buckets_) b.pending = 0;
     launch_ready();
     const double scale = 1.0 / static_cast<double>(group_.context.ranks);
@@ -245,6 +259,8 @@ class BucketedGradientSync final : public GradientSync {
 
   void sum(torch::Tensor& values) override { group_.wait(group_.all_reduce_async(values), "all-reduce"); }
 
+  StepReport last_step() const override { return report_; }
+
  private:
   struct Slot {
     torch::Tensor param;
@@ -260,6 +276,22 @@ class BucketedGradientSync final : public GradientSync {
     std::size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
   };
+
+  // The leaf tensors whose gradient backward from `loss` accumulates (its AccumulateGrad nodes).
+  static std::unordered_set<const c10::TensorImpl*> parameters_reached_from(const torch::Tensor& loss) {
+    std::unordered_set<const c10::TensorImpl*> reached;
+    std::unordered_set<const torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> stack{loss.grad_fn().get()};
+    while (!stack.empty()) {
+      torch::autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (!node || !seen.insert(node).second) continue;
+      if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node))
+        reached.insert(leaf->variable.unsafeGetTensorImpl());
+      for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
+    }
+    return reached;
+  }
 
   // Runs in backward (autograd's thread for the device) when the gradient of slots_[i] for
   // this backward is complete; the parameter's .grad does not include it yet.
@@ -310,6 +342,7 @@ class BucketedGradientSync final : public GradientSync {
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
   std::size_t next_launch_ = 0;
   bool armed_ = false;
+  StepReport report_;
 };
 
 }  // namespace

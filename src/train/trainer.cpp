@@ -100,8 +100,9 @@ StepStats Trainer::step() {
       out = model_->forward(inputs);
       loss = compute_loss(out, targets, config_.loss);
     }
-    if (dp) dp->before_backward(micro + 1 == tc.grad_accum);
-    (loss.total / static_cast<double>(tc.grad_accum)).backward();
+    auto scaled = loss.total / static_cast<double>(tc.grad_accum);
+    if (dp) dp->before_backward(micro + 1 == tc.grad_accum, scaled);
+    scaled.backward();
     terms += torch::stack({loss.total, loss.ce, loss.z_loss, loss.load_balance, loss.router_z}).detach().to(torch::kFloat64) /
              static_cast<double>(tc.grad_accum);
     load += torch::stack(out.expert_counts);

@@ -116,6 +116,7 @@ TEST(DataParallel, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   std::vector<std::map<std::string, torch::Tensor>> ranks_weights(2), ranks_grads(2);
   std::vector<std::vector<double>> ranks_loss(2);
   std::vector<std::int64_t> ranks_tokens(2);
+  std::vector<GradientSync::StepReport> reports(2);
   run_ranks(2, [&](NodeGroup& g) {
     auto sync = g.make_gradient_sync(/*bucket_mb=*/0.05);  // several buckets on tiny
     TrainerOptions o = test::quiet();
@@ -127,10 +128,14 @@ TEST(DataParallel, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
       ranks_tokens[g.rank()] = s.tokens;
       if (i == 0) ranks_grads[g.rank()] = grads(t);
     }
+    reports[g.rank()] = sync->last_step();
     ranks_weights[g.rank()] = weights(t);
   });
 
   EXPECT_EQ(ranks_tokens[0], 8 * accum.config().data.seq_len);  // the node's tokens, both ranks
+  // The buckets overlap backward: most start from the gradient hooks, not after backward.
+  EXPECT_GE(reports[0].buckets, 4);
+  EXPECT_GE(reports[0].started_in_backward, reports[0].buckets / 2);
   ASSERT_EQ(ranks_grads[0].size(), accum_grads.size());         // the trainable set, nothing frozen
   double whole_diff = 0, whole_norm = 0;
   for (const auto& [name, g] : accum_grads) {
@@ -164,8 +169,9 @@ TEST(DataParallel, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   EXPECT_LT(worst_accum, 1e-4);
   EXPECT_LT(worst_whole, 2e-3);
   std::printf("2 ranks x 4 vs 1 rank: step-1 gradient vs batch 8 %.2e (relative norm); worst relative loss difference "
-              "over %d steps %.2e (grad_accum 2), %.2e (batch 8)\n", std::sqrt(whole_diff / whole_norm), kSteps,
-              worst_accum, worst_whole);
+              "over %d steps %.2e (grad_accum 2), %.2e (batch 8); %d of %d buckets started during backward\n",
+              std::sqrt(whole_diff / whole_norm), kSteps, worst_accum, worst_whole, reports[0].started_in_backward,
+              reports[0].buckets);
 }
 
 }  // namespace

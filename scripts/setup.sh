@@ -24,6 +24,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece
   nlohmann-json3-dev zlib1g-dev
+  prometheus-cpp-dev   # /metrics on every daemon
+  prometheus           # the tests' real scrape of a local cluster (not needed to run spes)
   gnuplot-nox openssl iproute2 python3 python3-numpy python3-venv
   bible-kjv   # the demo corpus: the King James Bible, printed by `bible -f`
 )

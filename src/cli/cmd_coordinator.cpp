@@ -8,6 +8,8 @@
 #include "commands.h"
 #include "spes/coord/cluster.h"
 #include "spes/coord/coordinator.h"
+#include "spes/coord/metrics.h"
+#include "spes/util/metrics_server.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
 #include "spes/util/log.h"
@@ -25,8 +27,10 @@ void run_plan(const std::string& cluster_path, const std::string& out) {
   std::printf("wrote %s\n", files.assignment_table.c_str());
 }
 
-void run_serve(const std::string& cluster_path, bool exit_when_done, const std::string& log_level) {
+void run_serve(const std::string& cluster_path, bool exit_when_done, const std::string& log_level,
+               const std::string& metrics_listen) {
   ClusterConfig cluster = load_cluster(cluster_path);
+  if (!metrics_listen.empty()) cluster.coordinator.metrics = metrics_listen;
   if (cluster.coordinator.address.empty())
     raise(ErrorKind::Config, "{}: coordinator.address is required to serve", cluster.where("coordinator"));
   ensure_directory(cluster.out_dir + "/coordinator");
@@ -34,6 +38,12 @@ void run_serve(const std::string& cluster_path, bool exit_when_done, const std::
   install_stop_signals();
   CoordinatorServer server(cluster);
   server.start();
+  std::unique_ptr<MetricsServer> metrics;
+  if (!cluster.coordinator.metrics.empty()) {
+    metrics = std::make_unique<MetricsServer>(cluster.coordinator.metrics, MetricLabels{{"run", cluster.run}});
+    metrics->add_collector([&server](MetricsSink& sink) { write_cluster_metrics(server.status(), sink); });
+    spdlog::info("coordinator: Prometheus metrics on http://{}/metrics", metrics->address());
+  }
   server.wait(exit_when_done);
   server.stop();
   spdlog::info("coordinator: stopped");
@@ -91,7 +101,11 @@ void add_coordinator_commands(CLI::App& app) {
   serve->add_option("--cluster", *cluster, "cluster file (YAML)")->required();
   serve->add_flag("--exit-when-done", *exit_when_done, "exit once every member node reported it finished");
   serve->add_option("--log-level", *log_level, "trace, debug, info, warn or error");
-  serve->callback([cluster, exit_when_done, log_level] { run_serve(*cluster, *exit_when_done, *log_level); });
+  auto metrics = std::make_shared<std::string>();
+  serve->add_option("--metrics", *metrics, "serve Prometheus metrics on host:port (cluster file: coordinator.metrics)");
+  serve->callback([cluster, exit_when_done, log_level, metrics] {
+    run_serve(*cluster, *exit_when_done, *log_level, *metrics);
+  });
 
   auto as_json = std::make_shared<bool>(false);
   auto* status = coord->add_subcommand("status", "show the nodes of a running cluster");

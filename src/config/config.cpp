@@ -350,6 +350,13 @@ void read_node(MapReader r, NodeConfig& c) {
   if (!(c.timeout_s > 0)) r.fail("timeout_s", "must be positive");
 }
 
+void read_metrics(MapReader r, MetricsConfig& c) {
+  r.get("listen", c.listen);
+  r.finish();
+  if (!c.listen.empty() && c.listen.rfind(':') == std::string::npos)
+    r.fail("listen", fmt::format("'{}' is not host:port (e.g. 127.0.0.1:9400; empty = off)", c.listen));
+}
+
 void read_merge(MapReader r, MergeConfig& c) {
   r.get("alpha", c.alpha);
   r.get("horizon", c.horizon);
@@ -393,6 +400,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   read_coordinator(top.section("coordinator"), c.coordinator);
   read_checkpoint(top.section("checkpoint"), c.checkpoint);
   read_node(top.section("node"), c.node);
+  read_metrics(top.section("metrics"), c.metrics);
   top.finish();
   if (!c.coordinator.address.empty() && !c.sync.enabled())
     raise(ErrorKind::Config, "{}: a coordinator needs sync (sync.every and sync.peers)", c.where("coordinator.address"));

@@ -47,7 +47,10 @@ void read_nodes(MapReader& top, ClusterConfig& c) {
     item.get("id", node.id);
     item.get("address", node.address);
     node.experts = config_detail::read_expert_list(item, item.raw("experts"), "experts");
+    item.get("metrics", node.metrics);
     item.finish();
+    if (!node.metrics.empty() && node.metrics.rfind(':') == std::string::npos)
+      item.fail("metrics", fmt::format("'{}' is not host:port", node.metrics));
     if (node.address.rfind(':') == std::string::npos)
       item.fail("address", fmt::format("'{}' is not host:port", node.address));
     if (!ids.insert(node.id).second) item.fail("id", fmt::format("node id {} is listed twice", node.id));
@@ -103,7 +106,10 @@ ClusterConfig parse_cluster(const std::string& yaml_text, const std::string& sou
   coord.get("dead_after_s", c.coordinator.dead_after_s);
   coord.get("grace_s", c.coordinator.grace_s);
   coord.get("state", c.coordinator.state);
+  coord.get("metrics", c.coordinator.metrics);
   coord.finish();
+  if (!c.coordinator.metrics.empty() && c.coordinator.metrics.rfind(':') == std::string::npos)
+    coord.fail("metrics", fmt::format("'{}' is not host:port", c.coordinator.metrics));
   read_nodes(top, c);
   top.finish();
 
@@ -246,6 +252,7 @@ std::string node_yaml(const ClusterConfig& c, YAML::Node root, std::size_t index
     sync["tls"]["key"] = c.tls_key;
   }
   root["train"].remove("owned_experts");
+  if (!me.metrics.empty()) root["metrics"]["listen"] = me.metrics;
   if (!c.coordinator.address.empty()) {
     root["coordinator"]["address"] = c.coordinator.address;
     root["coordinator"]["heartbeat_s"] = c.coordinator.heartbeat_s;

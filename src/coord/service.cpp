@@ -241,23 +241,43 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     return grpc::Status::OK;
   }
 
+  // The run as `spes coordinator status` shows it (the caller holds the mutex).
+  ClusterStatus snapshot() {
+    ClusterStatus out;
+    out.run_id = cluster.run;
+    out.round = max_round;
+    out.plan = latest();
+    const auto now = Clock::now();
+    for (const auto& n : cluster.nodes) {
+      const NodeState& st = nodes[n.id];
+      NodeStatusRow row;
+      row.id = n.id;
+      row.address = n.address;
+      row.alive = st.alive && st.joined;
+      row.member = latest().find(n.id) != nullptr;
+      row.silent_s = st.joined ? std::chrono::duration<double>(now - st.last_seen).count() : -1.0;
+      row.progress = st.progress;
+      out.nodes.push_back(std::move(row));
+    }
+    return out;
+  }
+
   grpc::Status Status(grpc::ServerContext* context, const spes::v1::StatusRequest* request,
                       spes::v1::StatusReply* reply) override {
     std::lock_guard lock(mutex);
     if (auto s = check(context, request->run_id(), 0, false); !s.ok()) return refuse(context, s);
-    reply->set_run_id(cluster.run);
-    reply->set_round(max_round);
-    to_proto(latest(), *reply->mutable_plan());
-    const auto now = Clock::now();
-    for (const auto& n : cluster.nodes) {
-      const NodeState& st = nodes[n.id];
+    const ClusterStatus status = snapshot();
+    reply->set_run_id(status.run_id);
+    reply->set_round(status.round);
+    to_proto(status.plan, *reply->mutable_plan());
+    for (const auto& r : status.nodes) {
       auto* row = reply->add_nodes();
-      row->set_id(static_cast<std::uint32_t>(n.id));
-      row->set_address(n.address);
-      row->set_alive(st.alive && st.joined);
-      row->set_member(latest().find(n.id) != nullptr);
-      row->set_silent_s(st.joined ? std::chrono::duration<double>(now - st.last_seen).count() : -1.0);
-      to_proto(st.progress, *row->mutable_report());
+      row->set_id(static_cast<std::uint32_t>(r.id));
+      row->set_address(r.address);
+      row->set_alive(r.alive);
+      row->set_member(r.member);
+      row->set_silent_s(r.silent_s);
+      to_proto(r.progress, *row->mutable_report());
     }
     return grpc::Status::OK;
   }
@@ -358,5 +378,10 @@ void CoordinatorServer::stop() {
 }
 
 int CoordinatorServer::port() const { return impl_->port; }
+
+ClusterStatus CoordinatorServer::status() {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->snapshot();
+}
 
 }  // namespace spes

@@ -16,6 +16,7 @@
 
 #include "spes/coord/coordinator.h"
 #include "spes/dist/node_group.h"
+#include "spes/node/metrics.h"
 #include "spes/sync/engine.h"
 #include "spes/sync/model_params.h"
 #include "spes/train/checkpoint.h"
@@ -172,7 +173,8 @@ class NodeDaemon {
       : config_(std::move(config)),
         group_(group),
         trainer_(config_, TrainerOptions{.grad_sync = grad_sync}),
-        mirror_(trainer_.model()) {
+        mirror_(trainer_.model()),
+        metrics_(config_) {
     if (!config_.sync.dump_dir.empty()) {
       dump_dir_ = config_.sync.dump_dir + "/node" + std::to_string(config_.run.node_id);
       ensure_directory(dump_dir_);
@@ -300,8 +302,9 @@ class NodeDaemon {
         p.tokens_per_s = s.tokens_per_s;
         p.peak_rss_bytes = s.peak_rss;
       });
+    metrics_.step(s);
     if (!is_round_step(config_, s.step)) {
-      checkpoint_if_due(trainer_, round_);
+      checkpoint(nullptr);
       return;
     }
     ++round_;
@@ -311,7 +314,7 @@ class NodeDaemon {
     // After the round: a shard resumes at a round boundary, with the engine's residuals.
     if (checkpoint_due(trainer_)) {
       const auto carry = engine_->carry();
-      checkpoint_if_due(trainer_, round_, carry ? &*carry : nullptr);
+      checkpoint(carry ? &*carry : nullptr);
     }
     if (coordinator_ && s.step != config_.train.steps) {
       auto next = plan_for(round_ + 1);
@@ -327,6 +330,14 @@ class NodeDaemon {
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       dump_rank_weights(trainer_, 0, round_);
     }
+  }
+
+  // A shard when checkpoint.every says so, timed for the metrics.
+  void checkpoint(const SyncCarry* carry) {
+    if (!checkpoint_due(trainer_)) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    checkpoint_if_due(trainer_, round_, carry);
+    metrics_.checkpoint_written(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 
   // One round on the sync buffers: the model's weights go to them before (one device-to-host
@@ -352,6 +363,7 @@ class NodeDaemon {
   }
 
   void log_round(const SyncRoundReport& r) {
+    metrics_.round(r, plan_.members.size(), engine_->calls_refused());
     spdlog::info("sync  round {:>3} at step {:>5} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
                  format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
                  r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
@@ -381,6 +393,7 @@ class NodeDaemon {
   NodeGroup* group_;  // the node's other ranks (null: this process is the whole node)
   Trainer trainer_;
   ModelParamMirror mirror_;  // the sync engine's view of the weights
+  NodeMetrics metrics_;
   std::string dump_dir_;
   std::unique_ptr<CoordinatorClient> coordinator_;
   std::unique_ptr<Heartbeat> heartbeat_;

@@ -2,7 +2,12 @@
 
 #include <filesystem>
 
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "spes/util/error.h"
+#include "spes/util/metrics_server.h"
 #include "spes/util/fs.h"
 #include "spes/util/process.h"
 #include "spes/util/progress.h"
@@ -57,6 +62,55 @@ TEST(Error, KindsMapToDistinctExitCodes) {
   EXPECT_EQ(exit_code(ErrorKind::Config), 3);
   EXPECT_EQ(exit_code(ErrorKind::Data), 4);
   EXPECT_STREQ(kind_name(ErrorKind::Config), "config error");
+}
+
+// GET /metrics from 127.0.0.1:port over a plain socket: the body as a scraper gets it.
+std::string http_get_metrics(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) response.append(buffer, static_cast<std::size_t>(n));
+  ::close(fd);
+  return response;
+}
+
+TEST(MetricsServer, ServesGaugesCountersAndCollectorsInTheTextFormat) {
+  MetricsServer server("127.0.0.1:0", {{"run", "r1"}});
+  const int port = std::stoi(server.address().substr(server.address().rfind(':') + 1));
+  ASSERT_GT(port, 0);
+  server.set_gauge("spes_test_loss", "a loss", 2.5, {{"node", "3"}});
+  server.set_counter("spes_test_bytes_total", "bytes", 1024, {{"peer", "1"}});
+  server.set_counter("spes_test_bytes_total", "bytes", 4096, {{"peer", "1"}});  // the newest total wins
+  int scrapes = 0;
+  server.add_collector([&](MetricsSink& sink) { sink.gauge("spes_test_scrapes", "scrapes", ++scrapes); });
+  const std::string body = http_get_metrics(port);
+  EXPECT_NE(body.find("# TYPE spes_test_loss gauge"), std::string::npos) << body;
+  EXPECT_NE(body.find("spes_test_loss{node=\"3\",run=\"r1\"} 2.5"), std::string::npos) << body;
+  EXPECT_NE(body.find("# TYPE spes_test_bytes_total counter"), std::string::npos) << body;
+  EXPECT_NE(body.find("spes_test_bytes_total{peer=\"1\",run=\"r1\"} 4096"), std::string::npos) << body;
+  EXPECT_NE(body.find("spes_test_scrapes{run=\"r1\"} 1"), std::string::npos) << body;
+  EXPECT_NE(http_get_metrics(port).find("spes_test_scrapes{run=\"r1\"} 2"), std::string::npos);
+}
+
+TEST(MetricsServer, APortInUseIsAnIoErrorNamingTheAddress) {
+  MetricsServer first("127.0.0.1:0", {});
+  try {
+    MetricsServer second(first.address(), {});
+    FAIL() << "bound twice";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Io);
+    EXPECT_NE(std::string(e.what()).find(first.address()), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -160,6 +160,11 @@ struct NodeConfig {
   double timeout_s = 1800;       // a collective not done within this ends the node (a rank died or hangs)
 };
 
+// Prometheus metrics of `spes node` (docs/operations.md).
+struct MetricsConfig {
+  std::string listen;  // host:port for /metrics; empty = off (port 0 = any free port)
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -173,6 +178,7 @@ struct Config {
   CoordinatorClientConfig coordinator;
   CheckpointConfig checkpoint;
   NodeConfig node;
+  MetricsConfig metrics;
 
   std::string source;                     // the file it came from
   std::map<std::string, int> key_lines;   // "model.d_model" -> line in `source`

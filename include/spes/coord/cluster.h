@@ -28,6 +28,7 @@ struct ClusterNode {
   int id = 0;
   std::string address;       // host:port of its SyncService
   std::vector<int> experts;  // only with explicit assignment
+  std::string metrics;       // host:port of its Prometheus metrics (metrics.listen); empty = off
 };
 
 struct CoordinatorSettings {
@@ -36,6 +37,7 @@ struct CoordinatorSettings {
   double dead_after_s = 15;   // silence after which a node is marked dead
   double grace_s = 30;        // dead this long → its experts go to live nodes
   std::string state;          // state file; empty = out_dir/coordinator/state.json
+  std::string metrics;        // host:port of the coordinator's Prometheus metrics; empty = off
 };
 
 struct ClusterConfig : Credentials {  // the run's token and TLS files, shared by every node

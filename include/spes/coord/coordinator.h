@@ -69,6 +69,8 @@ class CoordinatorServer {
   void wait(bool exit_when_done);
   void stop();
   int port() const;
+  // What `spes coordinator status` would show now (for the metrics endpoint).
+  ClusterStatus status();
 
  private:
   struct Impl;

@@ -1,0 +1,85 @@
+#include "spes/node/metrics.h"
+
+#include <spdlog/spdlog.h>
+
+namespace spes {
+
+std::string skip_reason_class(const std::string& reason) {
+  auto has = [&](const char* s) { return reason.find(s) != std::string::npos; };
+  if (has("rejected payload")) {
+    if (has("finite") || has("NaN") || has("Inf")) return "nonfinite";
+    if (has("shape") || has("size")) return "shape";
+    if (has("change")) return "too_large_change";
+    if (has("checksum") || has("crc")) return "checksum";
+    return "rejected";
+  }
+  if (has("Deadline") || has("deadline") || has("(4)")) return "deadline";
+  if (has("(14)") || has("unavailable") || has("Unavailable")) return "unavailable";
+  if (has("(16)") || has("(7)") || has("token") || has("refused")) return "refused";
+  return "other";
+}
+
+NodeMetrics::NodeMetrics(const Config& c) {
+  if (c.metrics.listen.empty()) return;
+  server_ = std::make_unique<MetricsServer>(
+      c.metrics.listen, MetricLabels{{"run", c.sync.effective_run_id(c.run)}, {"node", std::to_string(c.run.node_id)}});
+  spdlog::info("metrics: Prometheus on http://{}/metrics", server_->address());
+}
+
+void NodeMetrics::step(const StepStats& s) {
+  if (!server_) return;
+  tokens_ += static_cast<double>(s.tokens);
+  server_->set_gauge("spes_train_step", "Optimizer steps done", static_cast<double>(s.step));
+  server_->set_counter("spes_train_tokens_total", "Training tokens processed by the node", tokens_);
+  server_->set_gauge("spes_train_tokens_per_second", "Training tokens per second in the last step", s.tokens_per_s);
+  server_->set_gauge("spes_train_step_seconds", "Wall time of the last step", s.seconds);
+  server_->set_gauge("spes_train_loss", "Training loss of the last step (with the auxiliary terms)", s.loss);
+  server_->set_gauge("spes_train_cross_entropy", "Cross-entropy of the last step", s.ce);
+  server_->set_gauge("spes_train_learning_rate", "Learning rate of the last step", s.lr);
+  server_->set_gauge("spes_train_grad_norm", "Gradient norm of the last step, before clipping", s.grad_norm);
+  server_->set_gauge("spes_train_mfu_ratio", "Model FLOPs utilisation of the last step (0-1) against the measured matmul peak", s.mfu);
+  server_->set_gauge("spes_process_resident_memory_peak_bytes", "Peak resident memory of the process", static_cast<double>(s.peak_rss));
+  server_->set_gauge("spes_device_memory_peak_bytes", "Peak GPU memory in live tensors (0 on the CPU)", static_cast<double>(s.peak_device_bytes));
+}
+
+void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, std::uint64_t calls_refused) {
+  if (!server_) return;
+  ++rounds_;
+  round_seconds_ += r.seconds;
+  server_->set_gauge("spes_sync_round", "Last sync round completed", static_cast<double>(r.round));
+  server_->set_gauge("spes_sync_round_duration_seconds", "Wall time of the last round (training waits for it)", r.seconds);
+  server_->set_counter("spes_sync_rounds_total", "Sync rounds completed", static_cast<double>(rounds_));
+  server_->set_counter("spes_sync_round_seconds_total", "Wall time spent in sync rounds", round_seconds_);
+  for (const auto& b : r.by_peer) {
+    const MetricLabels peer{{"peer", std::to_string(b.peer)}};
+    received_[b.peer] += static_cast<double>(b.in);
+    // The engine's per-peer sent total starts again at a plan change (a new engine).
+    const double now = static_cast<double>(b.out_total), before = sent_last_[b.peer];
+    sent_[b.peer] += now >= before ? now - before : now;
+    sent_last_[b.peer] = now;
+    server_->set_counter("spes_sync_received_bytes_total", "Sync payload bytes received, by peer", received_[b.peer], peer);
+    server_->set_counter("spes_sync_sent_bytes_total", "Sync payload bytes this node's service sent, by peer", sent_[b.peer], peer);
+  }
+  for (const auto& k : r.skipped) {
+    const std::string why = skip_reason_class(k.reason);
+    server_->set_counter("spes_sync_peer_skips_total", "Rounds in which a peer was skipped, by peer and reason",
+                         ++skips_[{k.peer, why}], {{"peer", std::to_string(k.peer)}, {"reason", why}});
+    if (k.reason.find("rejected payload") != std::string::npos)
+      server_->set_counter("spes_sync_rejected_payloads_total", "Payloads refused by validation, by reason",
+                           ++rejected_[why], {{"reason", why}});
+  }
+  const double alive = static_cast<double>(members > 0 ? members - 1 : 0) - static_cast<double>(r.skipped.size());
+  server_->set_gauge("spes_sync_peers_alive", "Other members that took part in the last round", std::max(0.0, alive));
+  if (calls_refused < refused_last_) refused_before_ += refused_last_;  // a new engine counts from zero
+  refused_last_ = calls_refused;
+  server_->set_counter("spes_sync_calls_refused_total", "Calls to the sync service refused (token, run, plan)",
+                       static_cast<double>(refused_before_ + refused_last_));
+}
+
+void NodeMetrics::checkpoint_written(double seconds) {
+  if (!server_) return;
+  server_->set_gauge("spes_checkpoint_write_seconds", "Wall time of the last checkpoint shard write", seconds);
+  server_->set_counter("spes_checkpoints_written_total", "Checkpoint shards written", static_cast<double>(++checkpoints_));
+}
+
+}  // namespace spes

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Prometheus metrics as an operator collects them: `spes launch-local` runs a coordinator and two
+# nodes (tiny config) with metrics on loopback; Debian's `prometheus` server, started here with a
+# generated config, scrapes all three every second; queries through its HTTP API must return the
+# nodes' training and sync series and the coordinator's per-node series, with sane values.
+# usage: metrics_scrape.sh SPES SOURCE_DIR TEST_DATA_DIR
+set -uo pipefail
+SPES=$1
+SRC=$2
+DATA=$3
+source "$(dirname "$0")/lib.sh"
+if ! command -v prometheus > /dev/null; then echo "FAIL prometheus is not installed (scripts/setup.sh)"; exit 1; fi
+
+read -r -a ports <<< "$(free_ports 7)"  # coordinator, 2 sync, coordinator metrics, 2 node metrics, prometheus
+mkdir -p "$TMP/run"
+cat > "$TMP/cluster.yaml" <<YAML
+run: metrics-test
+config: $SRC/configs/tiny.yaml
+out_dir: $TMP/run
+token_file: $TMP/token
+insecure: true
+set:
+  data.dir: $DATA/tiny
+  train.steps: 3000
+  train.eval_every: 0
+  train.log_every: 50
+  sync.every: 10
+  sync.round_timeout_s: 60
+  merge.alpha: 0
+coordinator: {address: '127.0.0.1:${ports[0]}', heartbeat_s: 0.3, metrics: '127.0.0.1:${ports[3]}'}
+nodes:
+  - {id: 0, address: '127.0.0.1:${ports[1]}', metrics: '127.0.0.1:${ports[4]}'}
+  - {id: 1, address: '127.0.0.1:${ports[2]}', metrics: '127.0.0.1:${ports[5]}'}
+YAML
+"$SPES" launch-local "$TMP/cluster.yaml" --refresh 60 --no-plot > "$TMP/launch.log" 2>&1 &
+launch=$!
+pids+=($launch)
+
+cat > "$TMP/prometheus.yml" <<YAML
+global: {scrape_interval: 1s, scrape_timeout: 900ms}
+scrape_configs:
+  - job_name: spes
+    static_configs:
+      - targets: ['127.0.0.1:${ports[3]}', '127.0.0.1:${ports[4]}', '127.0.0.1:${ports[5]}']
+YAML
+prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/tsdb" \
+  --web.listen-address="127.0.0.1:${ports[6]}" > "$TMP/prometheus.log" 2>&1 &
+pids+=($!)
+
+# query EXPR: the result vector of an instant query, one "labels value" line per series.
+query() {
+  curl -s --max-time 5 "http://127.0.0.1:${ports[6]}/api/v1/query" --data-urlencode "query=$1" | python3 -c '
+import json, sys
+try:
+    data = json.load(sys.stdin)["data"]["result"]
+except Exception:
+    sys.exit(0)
+for r in data:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(r["metric"].items()) if k not in ("job", "instance"))
+    print(labels, r["value"][1])'
+}
+# wait_series EXPR N: until EXPR returns N series (60 s at most); prints them.
+wait_series() {
+  local out
+  for _ in $(seq 1 120); do
+    out=$(query "$1")
+    [[ $(grep -c . <<< "$out") -ge $2 ]] && { echo "$out"; return 0; }
+    sleep 0.5
+  done
+  echo "$out"
+  return 1
+}
+
+if out=$(wait_series 'up{job="spes"} == 1' 3); then echo "ok   prometheus scrapes all three daemons"; else fail "up: $out"; tail -3 "$TMP/prometheus.log"; fi
+if out=$(wait_series 'spes_sync_rounds_total > 0' 2); then
+  echo "ok   rounds counted on both nodes: $(tr '\n' ';' <<< "$out")"
+else fail "spes_sync_rounds_total: $out"; tail -5 "$TMP/launch.log"; fi
+out=$(query 'spes_train_step > 0')
+[[ $(grep -c "node=" <<< "$out") -eq 2 ]] && echo "ok   spes_train_step of nodes 0 and 1: $(tr '\n' ';' <<< "$out")" || fail "spes_train_step: $out"
+out=$(query 'spes_train_loss > 0 and spes_train_loss < 20')
+[[ $(grep -c . <<< "$out") -eq 2 ]] && echo "ok   spes_train_loss finite and sane on both nodes" || fail "spes_train_loss: $out"
+out=$(wait_series 'rate(spes_train_tokens_total[10s]) > 0' 2) && echo "ok   tokens counter rising on both nodes" || fail "tokens rate: $out"
+out=$(query 'spes_sync_received_bytes_total > 0')
+grep -q "node=0,peer=1" <<< "$out" && grep -q "node=1,peer=0" <<< "$out" &&
+  echo "ok   sync bytes per peer: $(tr '\n' ';' <<< "$out")" || fail "spes_sync_received_bytes_total: $out"
+out=$(query 'spes_node_step')  # from the coordinator, one series per node
+[[ $(grep -c "node=" <<< "$out") -eq 2 ]] && echo "ok   coordinator reports both nodes' steps" || fail "spes_node_step: $out"
+out=$(query 'spes_coordinator_nodes{state="alive"}')
+[[ $(awk '{print $2}' <<< "$out") == 2 ]] && echo "ok   coordinator: 2 nodes alive" || fail "spes_coordinator_nodes: $out"
+text=$(curl -s --max-time 5 "http://127.0.0.1:${ports[4]}/metrics")
+grep -q "^# TYPE spes_train_tokens_total counter" <<< "$text" && grep -q 'spes_train_step{node="0",run="metrics-test"}' <<< "$text" &&
+  echo "ok   text format: counter types and the run/node labels" || fail "text format: $(head -5 <<< "$text")"
+
+kill -INT "$launch"
+wait "$launch" 2>/dev/null
+[[ $failures -eq 0 ]] && echo "metrics_scrape: all passed" || { echo "metrics_scrape: $failures failure(s)"; exit 1; }

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "spes/coord/cluster.h"
 #include "spes/coord/coordinator.h"
+#include "spes/coord/dashboard.h"
 #include "spes/coord/metrics.h"
 #include "spes/util/metrics_server.h"
 #include "spes/util/error.h"
@@ -28,9 +29,10 @@ void run_plan(const std::string& cluster_path, const std::string& out) {
 }
 
 void run_serve(const std::string& cluster_path, bool exit_when_done, const std::string& log_level,
-               const std::string& metrics_listen) {
+               const std::string& metrics_listen, const std::string& http_listen) {
   ClusterConfig cluster = load_cluster(cluster_path);
   if (!metrics_listen.empty()) cluster.coordinator.metrics = metrics_listen;
+  if (!http_listen.empty()) cluster.coordinator.http = http_listen;
   if (cluster.coordinator.address.empty())
     raise(ErrorKind::Config, "{}: coordinator.address is required to serve", cluster.where("coordinator"));
   ensure_directory(cluster.out_dir + "/coordinator");
@@ -43,6 +45,11 @@ void run_serve(const std::string& cluster_path, bool exit_when_done, const std::
     metrics = std::make_unique<MetricsServer>(cluster.coordinator.metrics, MetricLabels{{"run", cluster.run}});
     metrics->add_collector([&server](MetricsSink& sink) { write_cluster_metrics(server.status(), sink); });
     spdlog::info("coordinator: Prometheus metrics on http://{}/metrics", metrics->address());
+  }
+  std::unique_ptr<DashboardServer> dashboard;
+  if (!cluster.coordinator.http.empty()) {
+    dashboard = std::make_unique<DashboardServer>(cluster, server, cluster.coordinator.http);
+    spdlog::info("coordinator: live page on http://{}/?token=<the run token>", dashboard->address());
   }
   server.wait(exit_when_done);
   server.stop();
@@ -103,8 +110,10 @@ void add_coordinator_commands(CLI::App& app) {
   serve->add_option("--log-level", *log_level, "trace, debug, info, warn or error");
   auto metrics = std::make_shared<std::string>();
   serve->add_option("--metrics", *metrics, "serve Prometheus metrics on host:port (cluster file: coordinator.metrics)");
-  serve->callback([cluster, exit_when_done, log_level, metrics] {
-    run_serve(*cluster, *exit_when_done, *log_level, *metrics);
+  auto http = std::make_shared<std::string>();
+  serve->add_option("--http", *http, "serve the run's live page on host:port (cluster file: coordinator.http)");
+  serve->callback([cluster, exit_when_done, log_level, metrics, http] {
+    run_serve(*cluster, *exit_when_done, *log_level, *metrics, *http);
   });
 
   auto as_json = std::make_shared<bool>(false);

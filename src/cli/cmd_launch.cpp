@@ -10,8 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -142,24 +144,56 @@ std::string tail(const fs::path& path, std::size_t lines) {
   return out;
 }
 
-void print_progress(CoordinatorClient& client, const Config& base, double elapsed) {
+// The progress block: a header, one line per node, the cluster's totals.
+std::vector<std::string> progress_lines(CoordinatorClient& client, const Config& base, double elapsed) {
+  std::vector<std::string> lines;
   try {
     ClusterStatus s = client.status(2.0);
-    std::printf("[%s] round %llu, plan %llu\n", format_duration(elapsed).c_str(), static_cast<unsigned long long>(s.round),
-                static_cast<unsigned long long>(s.plan.version));
+    lines.push_back(fmt::format("[{}] round {}, plan {}", format_duration(elapsed), s.round, s.plan.version));
+    double tokens_per_s = 0;
+    std::uint64_t bytes_in = 0;
+    int alive = 0;
     for (const auto& n : s.nodes) {
       const auto& p = n.progress;
       const char* state = !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "starting" : "dead";
-      std::printf("  node %d | step %5lld/%lld | loss %7.4f | round %3llu | last round in %10s | total in %10s | %8s tok/s | %s\n",
-                  n.id, static_cast<long long>(p.step), static_cast<long long>(base.train.steps), p.loss,
-                  static_cast<unsigned long long>(p.round), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
-                  format_bytes(static_cast<double>(p.bytes_in_total)).c_str(), format_count(p.tokens_per_s).c_str(), state);
+      lines.push_back(fmt::format("  node {} | step {:>5}/{} | loss {:7.4f} | round {:>3} | last round in {:>10} | total in "
+                                  "{:>10} | {:>8} tok/s | {}", n.id, p.step, base.train.steps, p.loss, p.round,
+                                  format_bytes(static_cast<double>(p.last_sync_bytes_in)),
+                                  format_bytes(static_cast<double>(p.bytes_in_total)), format_count(p.tokens_per_s), state));
+      if (n.alive && !p.done) {
+        ++alive;
+        tokens_per_s += p.tokens_per_s;
+      }
+      bytes_in += p.bytes_in_total;
     }
+    lines.push_back(fmt::format("  cluster | {} of {} nodes training | {} tok/s | {} received in all", alive, s.nodes.size(),
+                                format_count(tokens_per_s), format_bytes(static_cast<double>(bytes_in))));
   } catch (const Error& e) {
-    std::printf("[%s] coordinator not answering: %s\n", format_duration(elapsed).c_str(), e.what());
+    lines.push_back(fmt::format("[{}] coordinator not answering: {}", format_duration(elapsed), e.what()));
   }
-  std::fflush(stdout);
+  return lines;
 }
+
+// Prints progress blocks: on a terminal each block replaces the last one in place (ANSI cursor
+// movement); elsewhere (a pipe, a log file) blocks follow each other as plain lines.
+class ProgressView {
+ public:
+  ProgressView() {
+    const char* term = std::getenv("TERM");
+    live_ = ::isatty(STDOUT_FILENO) && term && std::string(term) != "dumb";
+  }
+  bool live() const { return live_; }
+  void show(const std::vector<std::string>& lines) {
+    if (live_ && drawn_ > 0) std::printf("\x1b[%dA\x1b[J", drawn_);  // back to the block's first line, clear below
+    for (const auto& line : lines) std::printf("%s\n", line.c_str());
+    drawn_ = static_cast<int>(lines.size());
+    std::fflush(stdout);
+  }
+
+ private:
+  bool live_ = false;
+  int drawn_ = 0;
+};
 
 struct NodeSummary {
   int id = 0;
@@ -270,6 +304,9 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
           cluster.out_dir + "/coordinator/console.log");
     CoordinatorClient client(cluster);
     client.status(20.0);  // the coordinator is up
+    if (!cluster.coordinator.http.empty())
+      spdlog::info("live page: http://{}/?token=$(cat {})", cluster.coordinator.http,
+                   cluster.token_file.empty() ? "<the run token>" : cluster.token_file);
     for (std::size_t i = 0; i < cluster.nodes.size(); ++i)
       start("node " + std::to_string(cluster.nodes[i].id), {"node", "--config", plan.node_configs[i]},
             cluster.out_dir + "/node" + std::to_string(cluster.nodes[i].id) + "/console.log");
@@ -279,6 +316,9 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
         if (children[i].running) return true;
       return false;
     };
+    ProgressView view;
+    // On a terminal the block updates in place every second; in a log every refresh_s.
+    const double every_s = view.live() ? std::min(refresh_s, 1.0) : refresh_s;
     auto next_print = Clock::now();
     while (nodes_running()) {
       if (stop_requested()) break;
@@ -287,8 +327,8 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
           raise(ErrorKind::Internal, "{} failed (exit {}); the end of {}:\n{}", children[i].name, children[i].exit_code,
                 children[i].log.string(), tail(children[i].log, 15));
       if (Clock::now() >= next_print) {
-        print_progress(client, base, std::chrono::duration<double>(Clock::now() - t0).count());
-        next_print = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(refresh_s * 1000));
+        view.show(progress_lines(client, base, std::chrono::duration<double>(Clock::now() - t0).count()));
+        next_print = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(every_s * 1000));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       reap(children);
@@ -343,7 +383,7 @@ void add_launch_command(CLI::App& app) {
   auto refresh = std::make_shared<double>(15.0);
   auto no_plot = std::make_shared<bool>(false);
   launch->add_option("cluster", *cluster, "cluster file (YAML), e.g. configs/cluster-local.yaml")->required();
-  launch->add_option("--refresh", *refresh, "seconds between progress tables")->check(CLI::PositiveNumber);
+  launch->add_option("--refresh", *refresh, "seconds between progress blocks when the output is not a terminal (on one, the block updates in place every second)")->check(CLI::PositiveNumber);
   launch->add_flag("--no-plot", *no_plot, "do not write the loss plot");
   launch->callback([cluster, refresh, no_plot] { run_launch(*cluster, *refresh, !*no_plot); });
 }

@@ -107,7 +107,10 @@ ClusterConfig parse_cluster(const std::string& yaml_text, const std::string& sou
   coord.get("grace_s", c.coordinator.grace_s);
   coord.get("state", c.coordinator.state);
   coord.get("metrics", c.coordinator.metrics);
+  coord.get("http", c.coordinator.http);
   coord.finish();
+  if (!c.coordinator.http.empty() && c.coordinator.http.rfind(':') == std::string::npos)
+    coord.fail("http", fmt::format("'{}' is not host:port", c.coordinator.http));
   if (!c.coordinator.metrics.empty() && c.coordinator.metrics.rfind(':') == std::string::npos)
     coord.fail("metrics", fmt::format("'{}' is not host:port", c.coordinator.metrics));
   read_nodes(top, c);

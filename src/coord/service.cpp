@@ -50,6 +50,19 @@ struct NodeState {
   Clock::time_point last_seen;
   Clock::time_point dead_since;
   NodeProgress progress;
+  std::vector<std::pair<std::int64_t, double>> loss_curve;  // (step, loss) from heartbeats
+
+  // Keeps one point per reported step; past kMaxPoints every other point goes (older ones thinner).
+  void record_loss() {
+    constexpr std::size_t kMaxPoints = 4000;
+    if (progress.step <= 0 || (!loss_curve.empty() && loss_curve.back().first >= progress.step)) return;
+    loss_curve.emplace_back(progress.step, progress.loss);
+    if (loss_curve.size() < kMaxPoints) return;
+    std::vector<std::pair<std::int64_t, double>> thinned;
+    for (std::size_t i = 0; i < loss_curve.size(); i += 2) thinned.push_back(loss_curve[i]);
+    thinned.push_back(loss_curve.back());
+    loss_curve = std::move(thinned);
+  }
 };
 
 }  // namespace
@@ -215,6 +228,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     st.alive = true;
     st.last_seen = Clock::now();
     st.progress = from_proto(request->report());
+    st.record_loss();
     if (st.progress.round > rounds_done) {
       rounds_done = st.progress.round;
       save_state();
@@ -381,7 +395,9 @@ int CoordinatorServer::port() const { return impl_->port; }
 
 ClusterStatus CoordinatorServer::status() {
   std::lock_guard lock(impl_->mutex);
-  return impl_->snapshot();
+  ClusterStatus s = impl_->snapshot();
+  for (auto& row : s.nodes) row.loss_curve = impl_->nodes[row.id].loss_curve;
+  return s;
 }
 
 }  // namespace spes

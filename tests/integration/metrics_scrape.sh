@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Prometheus metrics as an operator collects them: `spes launch-local` runs a coordinator and two
-# nodes (tiny config) with metrics on loopback; Debian's `prometheus` server, started here with a
-# generated config, scrapes all three every second; queries through its HTTP API must return the
-# nodes' training and sync series and the coordinator's per-node series, with sane values.
+# Watching a run as an operator does: `spes launch-local` runs a coordinator and two nodes (tiny
+# config) with metrics and the live page on loopback.
+#   Prometheus: Debian's `prometheus` server, started here with a generated config, scrapes all three
+#   every second; queries through its HTTP API must return the nodes' training and sync series and
+#   the coordinator's per-node series, with sane values.
+#   The live page: refused without the run token; headless Chromium (Debian's chromium) loads it with
+#   the token and the rendered page shows both nodes alive and a loss curve for each.
 # usage: metrics_scrape.sh SPES SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 SPES=$1
@@ -11,7 +14,7 @@ DATA=$3
 source "$(dirname "$0")/lib.sh"
 if ! command -v prometheus > /dev/null; then echo "FAIL prometheus is not installed (scripts/setup.sh)"; exit 1; fi
 
-read -r -a ports <<< "$(free_ports 7)"  # coordinator, 2 sync, coordinator metrics, 2 node metrics, prometheus
+read -r -a ports <<< "$(free_ports 8)"  # coordinator, 2 sync, coordinator metrics, 2 node metrics, prometheus, page
 mkdir -p "$TMP/run"
 cat > "$TMP/cluster.yaml" <<YAML
 run: metrics-test
@@ -27,7 +30,7 @@ set:
   sync.every: 10
   sync.round_timeout_s: 60
   merge.alpha: 0
-coordinator: {address: '127.0.0.1:${ports[0]}', heartbeat_s: 0.3, metrics: '127.0.0.1:${ports[3]}'}
+coordinator: {address: '127.0.0.1:${ports[0]}', heartbeat_s: 0.3, metrics: '127.0.0.1:${ports[3]}', http: '127.0.0.1:${ports[7]}'}
 nodes:
   - {id: 0, address: '127.0.0.1:${ports[1]}', metrics: '127.0.0.1:${ports[4]}'}
   - {id: 1, address: '127.0.0.1:${ports[2]}', metrics: '127.0.0.1:${ports[5]}'}
@@ -91,6 +94,27 @@ text=$(curl -s --max-time 5 "http://127.0.0.1:${ports[4]}/metrics")
 grep -q "^# TYPE spes_train_tokens_total counter" <<< "$text" && grep -q 'spes_train_step{node="0",run="metrics-test"}' <<< "$text" &&
   echo "ok   text format: counter types and the run/node labels" || fail "text format: $(head -5 <<< "$text")"
 
+# ---- the live page ----
+page="http://127.0.0.1:${ports[7]}"
+code=$(curl -s -o /dev/null -w "%{http_code}" "$page/api/status")
+[[ $code == 401 ]] && echo "ok   page: /api/status without the token refused (401)" || fail "page without token: HTTP $code"
+code=$(curl -s -o /dev/null -w "%{http_code}" "$page/?token=wrong")
+[[ $code == 401 ]] && echo "ok   page: a wrong token refused (401)" || fail "page with a wrong token: HTTP $code"
+if command -v chromium > /dev/null; then
+  dom=$(timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir="$TMP/chromium" \
+        --virtual-time-budget=5000 --dump-dom "$page/?token=$(cat "$TMP/token")" 2>/dev/null)
+  rows=$(grep -o 'id="node-[01]"' <<< "$dom" | sort -u | wc -l)
+  alive=$(grep -o '<td class="l alive">alive' <<< "$dom" | wc -l)
+  curves=$(grep -o '<polyline[^>]*data-node="[01]"' <<< "$dom" | wc -l)
+  [[ $rows -eq 2 && $alive -eq 2 && $curves -eq 2 ]] && echo "ok   page in headless Chromium: 2 nodes alive, 2 loss curves" ||
+    fail "page in Chromium: $rows rows, $alive alive, $curves curves: $(grep -o 'id="summary"[^<]*<[^<]*' <<< "$dom")"
+else
+  fail "chromium is not installed (scripts/setup.sh)"
+fi
+
 kill -INT "$launch"
 wait "$launch" 2>/dev/null
+# Not a terminal: progress blocks as plain lines, no cursor movement.
+grep -q $'\x1b\[' "$TMP/launch.log" && fail "launch-local wrote terminal control codes into a file" ||
+  echo "ok   launch-local into a file: plain lines, no control codes"
 [[ $failures -eq 0 ]] && echo "metrics_scrape: all passed" || { echo "metrics_scrape: $failures failure(s)"; exit 1; }

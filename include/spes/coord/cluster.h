@@ -38,6 +38,7 @@ struct CoordinatorSettings {
   double grace_s = 30;        // dead this long → its experts go to live nodes
   std::string state;          // state file; empty = out_dir/coordinator/state.json
   std::string metrics;        // host:port of the coordinator's Prometheus metrics; empty = off
+  std::string http;           // host:port of the run's live page (docs/operations.md); empty = off
 };
 
 struct ClusterConfig : Credentials {  // the run's token and TLS files, shared by every node

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spes/config/config.h"
@@ -48,6 +49,9 @@ struct NodeStatusRow {
   bool alive = false, member = false;
   double silent_s = -1;
   NodeProgress progress;
+  // (step, loss) as the heartbeats reported them, thinned to at most a few thousand points;
+  // filled by CoordinatorServer::status() for the dashboard (not sent by the Status call).
+  std::vector<std::pair<std::int64_t, double>> loss_curve;
 };
 
 struct ClusterStatus {

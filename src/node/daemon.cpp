@@ -363,7 +363,7 @@ class NodeDaemon {
   }
 
   void log_round(const SyncRoundReport& r) {
-    metrics_.round(r, plan_.members.size(), engine_->calls_refused());
+    metrics_.round(r, plan_.members.size(), *engine_);
     spdlog::info("sync  round {:>3} at step {:>5} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
                  format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
                  r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");

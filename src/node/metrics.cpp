@@ -42,7 +42,8 @@ void NodeMetrics::step(const StepStats& s) {
   server_->set_gauge("spes_device_memory_peak_bytes", "Peak GPU memory in live tensors (0 on the CPU)", static_cast<double>(s.peak_device_bytes));
 }
 
-void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, std::uint64_t calls_refused) {
+void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine) {
+  const std::uint64_t calls_refused = engine.calls_refused();
   if (!server_) return;
   ++rounds_;
   round_seconds_ += r.seconds;
@@ -67,6 +68,13 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, std::uint
     if (k.reason.find("rejected payload") != std::string::npos)
       server_->set_counter("spes_sync_rejected_payloads_total", "Payloads refused by validation, by reason",
                            ++rejected_[why], {{"reason", why}});
+  }
+  for (const auto& [encoding, bytes] : engine.bytes_received_by_encoding()) {
+    const double now = static_cast<double>(bytes), before = by_encoding_last_[encoding];
+    by_encoding_[encoding] += now >= before ? now - before : now;  // a new engine counts from zero
+    by_encoding_last_[encoding] = now;
+    server_->set_counter("spes_sync_received_bytes_by_encoding_total", "Sync payload bytes received, by wire encoding",
+                         by_encoding_[encoding], {{"encoding", encoding}});
   }
   const double alive = static_cast<double>(members > 0 ? members - 1 : 0) - static_cast<double>(r.skipped.size());
   server_->set_gauge("spes_sync_peers_alive", "Other members that took part in the last round", std::max(0.0, alive));

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -66,6 +67,7 @@ struct SyncEngine::Impl {
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
   std::unique_ptr<std::atomic<std::uint64_t>[]> peer_bytes_in;  // per peer, this round
+  std::array<std::atomic<std::uint64_t>, 4> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
 
   Impl(const Config& c, ParamSet p, SyncMembership m)
       : config(c), params(std::move(p)), membership(std::move(m)), store(membership.first_round) {
@@ -212,6 +214,8 @@ struct SyncEngine::Impl {
       while (reader->Read(&chunk)) {
         bytes_in += chunk.ByteSizeLong();
         peer_bytes_in[peer] += chunk.ByteSizeLong();
+        if (const auto enc = static_cast<std::size_t>(chunk.piece().encoding()); enc < bytes_in_by_encoding.size())
+          bytes_in_by_encoding[enc] += chunk.ByteSizeLong();
         try {
           receiver.add(chunk);
         } catch (const Error& err) {
@@ -526,6 +530,14 @@ bool SyncEngine::restore(const SyncCarry& c) {
 int SyncEngine::port() const { return impl_->server ? impl_->server->port() : 0; }
 std::uint64_t SyncEngine::bytes_sent() const { return impl_->server ? impl_->server->bytes_sent() : 0; }
 std::uint64_t SyncEngine::bytes_received() const { return impl_->bytes_in.load(); }
+
+std::map<std::string, std::uint64_t> SyncEngine::bytes_received_by_encoding() const {
+  static const char* const names[] = {"unspecified", "fp32", "bf16", "int8_delta"};
+  std::map<std::string, std::uint64_t> out;
+  for (std::size_t e = 0; e < impl_->bytes_in_by_encoding.size(); ++e)
+    if (const auto b = impl_->bytes_in_by_encoding[e].load()) out[names[e]] = b;
+  return out;
+}
 std::uint64_t SyncEngine::calls_refused() const { return impl_->server ? impl_->server->calls_refused() : 0; }
 std::vector<std::uint64_t> SyncEngine::skip_counts() const { return impl_->skips; }
 

@@ -86,6 +86,8 @@ out=$(wait_series 'rate(spes_train_tokens_total[10s]) > 0' 2) && echo "ok   toke
 out=$(query 'spes_sync_received_bytes_total > 0')
 grep -q "node=0,peer=1" <<< "$out" && grep -q "node=1,peer=0" <<< "$out" &&
   echo "ok   sync bytes per peer: $(tr '\n' ';' <<< "$out")" || fail "spes_sync_received_bytes_total: $out"
+out=$(query 'spes_sync_received_bytes_by_encoding_total{encoding="fp32"} > 0')
+[[ $(grep -c . <<< "$out") -eq 2 ]] && echo "ok   bytes by encoding (fp32) on both nodes" || fail "bytes by encoding: $out"
 out=$(query 'spes_node_step')  # from the coordinator, one series per node
 [[ $(grep -c "node=" <<< "$out") -eq 2 ]] && echo "ok   coordinator reports both nodes' steps" || fail "spes_node_step: $out"
 out=$(query 'spes_coordinator_nodes{state="alive"}')
@@ -93,6 +95,22 @@ out=$(query 'spes_coordinator_nodes{state="alive"}')
 text=$(curl -s --max-time 5 "http://127.0.0.1:${ports[4]}/metrics")
 grep -q "^# TYPE spes_train_tokens_total counter" <<< "$text" && grep -q 'spes_train_step{node="0",run="metrics-test"}' <<< "$text" &&
   echo "ok   text format: counter types and the run/node labels" || fail "text format: $(head -5 <<< "$text")"
+
+# The Grafana dashboard uses only metrics that exist: every name in its queries is in the
+# documented tables, and those seen in this run are in Prometheus now.
+missing=$(python3 - "$SRC/docs/grafana-dashboard.json" "$SRC/docs/operations.md" <<'PY'
+import json, re, sys
+dash = json.load(open(sys.argv[1]))
+names = {n for p in dash["panels"] for t in p["targets"] for n in re.findall(r"\bspes_[a-z_]+", t["expr"])}
+doc = open(sys.argv[2]).read()
+print(" ".join(sorted(n for n in names if f"`{n}" not in doc)))
+PY
+)
+[[ -z $missing ]] && echo "ok   every metric the Grafana dashboard queries is documented" || fail "dashboard metrics not in docs/operations.md: $missing"
+for m in spes_train_loss spes_train_tokens_per_second spes_sync_round_duration_seconds spes_train_mfu_ratio \
+         spes_process_resident_memory_peak_bytes spes_coordinator_nodes spes_sync_round_seconds_total; do
+  [[ -n $(query "$m") ]] || fail "dashboard metric $m has no series"
+done
 
 # ---- the live page ----
 page="http://127.0.0.1:${ports[7]}"

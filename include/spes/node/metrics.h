@@ -20,8 +20,9 @@ class NodeMetrics {
   explicit NodeMetrics(const Config& config);
   bool enabled() const { return server_ != nullptr; }
   void step(const StepStats& s);
-  // After a round: its report, the members of the plan it ran under, and the service's refusals.
-  void round(const SyncRoundReport& r, std::size_t members, std::uint64_t calls_refused);
+  // After a round: its report, the members of the plan it ran under, and the engine's running
+  // figures (refused calls, bytes received by encoding).
+  void round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine);
   void checkpoint_written(double seconds);
 
  private:
@@ -31,6 +32,7 @@ class NodeMetrics {
   std::map<int, double> received_, sent_, sent_last_;  // per peer: totals, and the engine's last figure
   std::map<std::pair<int, std::string>, double> skips_;
   std::map<std::string, double> rejected_;
+  std::map<std::string, double> by_encoding_, by_encoding_last_;  // totals, and the engine's last figure
 };
 
 // A short, bounded label for why a peer was skipped (Prometheus labels must not be free text):

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +84,8 @@ class SyncEngine {
   int port() const;
   std::uint64_t bytes_sent() const;
   std::uint64_t bytes_received() const;
+  // Payload bytes received so far by the encoding they came in (fp32, bf16, int8_delta).
+  std::map<std::string, std::uint64_t> bytes_received_by_encoding() const;
   std::uint64_t calls_refused() const;
   // Peer id → rounds it was skipped in.
   std::vector<std::uint64_t> skip_counts() const;

@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite (what CI runs).
+# Sets up, builds and runs the whole test suite (what CI runs), then prints the slowest tests
+# and the suite's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 cd build
-ctest --output-on-failure -j 2 --timeout 900
+start=$(date +%s)
+status=0
+ctest --output-on-failure -j 2 --timeout 900 | tee ctest.log || status=$?
+# "  12/114 Test  #12: name ....   Passed    1.23 sec" → the slowest, longest first.
+echo
+echo "slowest tests (of $(grep -c ' Test *#' ctest.log || true)):"
+sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' ctest.log | sort -rn | head -15 |
+  awk '{printf "  %8.2f s  %s\n", $1, $2}'
+echo "test suite wall time: $(( $(date +%s) - start )) s"
+exit $status

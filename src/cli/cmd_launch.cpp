@@ -72,18 +72,27 @@ bool port_free(int port) {
 
 // Every address must be this machine's loopback, and free, before anything starts.
 void check_addresses(const ClusterConfig& c) {
-  std::vector<std::pair<std::string, std::string>> all{{"the coordinator", c.coordinator.address}};
-  for (const auto& n : c.nodes) all.emplace_back("node " + std::to_string(n.id), n.address);
   if (c.coordinator.address.empty())
     raise(ErrorKind::Config, "{}: launch-local needs coordinator.address (e.g. 127.0.0.1:7000)", c.where("coordinator"));
-  for (const auto& [who, address] : all) {
+  auto check_port = [&](const std::string& who, int port) {
+    if (port != 0 && !port_free(port))
+      raise(ErrorKind::Io, "port {} ({} in {}) is in use: stop what holds it or pick another port; nothing was started",
+            port, who, c.source);
+  };
+  std::vector<std::pair<std::string, std::string>> services{{"the coordinator", c.coordinator.address}};
+  for (const auto& n : c.nodes) services.emplace_back("node " + std::to_string(n.id), n.address);
+  for (const auto& [who, address] : services) {
     auto [host, port] = split_address(address);
     if (host != "127.0.0.1" && host != "localhost")
       raise(ErrorKind::Config, "{}: {} is at {}: launch-local runs every process on 127.0.0.1", c.source, who, address);
-    if (!port_free(port))
-      raise(ErrorKind::Io, "port {} ({} in {}) is in use: stop what holds it or pick another port; nothing was started",
-            port, who, c.source);
+    check_port(who, port);
   }
+  // The optional HTTP endpoints: any host (a scraper may be elsewhere), a free port (0 = any).
+  std::vector<std::pair<std::string, std::string>> http{{"the coordinator's metrics", c.coordinator.metrics},
+                                                         {"the coordinator's live page", c.coordinator.http}};
+  for (const auto& n : c.nodes) http.emplace_back("node " + std::to_string(n.id) + "'s metrics", n.metrics);
+  for (const auto& [who, address] : http)
+    if (!address.empty()) check_port(who, split_address(address).second);
 }
 
 // A fresh random token in token_file when the cluster names one that does not exist yet.

@@ -7,6 +7,8 @@
 #   spes-h5        (only when named) spes-warmup with sync every 5 steps instead of 20
 #   spes-merge5    (only when named) a strong warm-up: alpha 0.05 at every round, decaying over the run
 #   spes-merge20   (only when named) the same with alpha 0.2
+#   spes-overlap   (only when named) spes-warmup with overlapped rounds (sync.overlap, landing
+#                  max_delay = 5 steps after each snapshot)
 # then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
 # About 40 minutes on 2 cores (10 per run).
 # usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
@@ -24,7 +26,7 @@ OUT=${QUALITY_OUT:-runs/quality}           # where runs and curves go
 CONFIG=${QUALITY_CONFIG:-configs/small.yaml}  # the model and data of every run
 NODE_BATCH=${QUALITY_NODE_BATCH:-8}           # sequences per node-step; central gets 4 times as many
 read -r -a EXTRA_SET <<< "${QUALITY_SET:-}"     # key=value overrides for every run (e.g. optim.lr=4e-3)
-SPES=./build/spes
+SPES=${SPES_BIN:-./build/spes}  # SPES_BIN: a copy, so that rebuilding during the experiment changes nothing
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
 mkdir -p "$OUT/curves"
 export OPENBLAS_NUM_THREADS=1
@@ -88,7 +90,10 @@ for run in "${RUNS[@]}"; do
     spes-merge20) spes spes-merge20 7370 "  merge.alpha: 0.2
   merge.every: 20
   merge.horizon: $STEPS" ;;
-    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20)" >&2; exit 2 ;;
+    spes-overlap) spes spes-overlap 7380 "$WARMUP
+  sync.overlap: true
+  sync.max_delay: 5" ;;
+    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20 spes-overlap)" >&2; exit 2 ;;
   esac
 done
 [[ -f $OUT/curves/central/metrics.jsonl ]] || { echo "no central run in $OUT: name 'central' too" >&2; exit 2; }
@@ -97,7 +102,7 @@ echo "all runs done in $(( $(date +%s) - t0 )) s"
 python3 - "$OUT/curves" <<'PY'
 import json, os, sys
 root = sys.argv[1]
-order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5", "spes-merge20"]
+order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5", "spes-merge20", "spes-overlap"]
 names = [n for n in order if os.path.exists(os.path.join(root, n, "metrics.jsonl"))]
 curves = {}
 for n in names:
@@ -121,9 +126,12 @@ for n in names[1:]:
 if "spes-warmup" in curves and "spes-int8" in curves:
     w = curves["spes-warmup"][last]
     print(f"  int8 vs fp32 sync (both with warm-up): {100 * (curves['spes-int8'][last] - w) / w:+.2f}%")
+if "spes-warmup" in curves and "spes-overlap" in curves:
+    w = curves["spes-warmup"][last]
+    print(f"  overlapped vs blocking rounds (both with warm-up): {100 * (curves['spes-overlap'][last] - w) / w:+.2f}%")
 PY
 curves=()
-for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20; do
+for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20 spes-overlap; do
   if [[ -f $OUT/curves/$n/metrics.jsonl ]]; then curves+=("$OUT/curves/$n/metrics.jsonl"); fi
 done
 bash scripts/plot_loss.sh "${curves[@]}" "$OUT/quality.png"

@@ -64,7 +64,8 @@ nlohmann::json status_json(const ClusterStatus& s) {
                      {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step}, {"round", p.round},
                      {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s}, {"last_sync_unix_s", p.last_sync_unix_s},
                      {"last_sync_bytes_in", p.last_sync_bytes_in}, {"bytes_in_total", p.bytes_in_total},
-                     {"bytes_out_total", p.bytes_out_total}, {"peak_rss_bytes", p.peak_rss_bytes}, {"done", p.done}});
+                     {"bytes_out_total", p.bytes_out_total}, {"peak_rss_bytes", p.peak_rss_bytes}, {"done", p.done},
+                     {"round_in_flight", p.round_in_flight}, {"round_delay", p.round_delay}});
   }
   return {{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version},
           {"plan_effective_round", s.plan.effective_round}, {"nodes", nodes}};
@@ -77,15 +78,19 @@ void print_cluster_status(const ClusterStatus& s) {
   std::printf("run '%s' | round %llu | plan %llu (from round %llu)\n", s.run_id.c_str(),
               static_cast<unsigned long long>(s.round), static_cast<unsigned long long>(s.plan.version),
               static_cast<unsigned long long>(s.plan.effective_round));
-  std::printf("%-4s %-21s %-6s %-12s %7s %5s %8s %10s %10s %9s %9s\n", "node", "address", "state", "experts", "step",
-              "round", "loss", "last sync", "last in", "tok/s", "rss");
+  std::printf("%-4s %-21s %-6s %-12s %7s %5s %9s %8s %10s %10s %9s %9s\n", "node", "address", "state", "experts", "step",
+              "round", "in flight", "loss", "last sync", "last in", "tok/s", "rss");
   for (const auto& n : s.nodes) {
     const auto& p = n.progress;
     const char* state = !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "wait" : "dead";
     const std::string ago = p.last_sync_unix_s > 0 ? format_duration(now - p.last_sync_unix_s) + " ago" : "-";
-    std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %8.4f %10s %10s %9s %9s\n", n.id, n.address.c_str(), state,
+    // "in flight": the round running behind training, else the delay the last one landed at.
+    const std::string flight = p.round_in_flight > 0 ? fmt::format("round {}", p.round_in_flight)
+                               : p.round > 0        ? fmt::format("+{} steps", p.round_delay)
+                                                    : std::string("-");
+    std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %9s %8.4f %10s %10s %9s %9s\n", n.id, n.address.c_str(), state,
                 format_list(p.experts, "-").c_str(), static_cast<long long>(p.step), static_cast<unsigned long long>(p.round),
-                p.loss, ago.c_str(), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
+                flight.c_str(), p.loss, ago.c_str(), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
                 format_count(p.tokens_per_s).c_str(), format_bytes(static_cast<double>(p.peak_rss_bytes)).c_str());
   }
 }

@@ -25,6 +25,7 @@ std::string cluster_status_json(const ClusterStatus& s) {
                      {"round", p.round}, {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s},
                      {"last_sync_bytes_in", p.last_sync_bytes_in}, {"bytes_in_total", p.bytes_in_total},
                      {"bytes_out_total", p.bytes_out_total}, {"peak_rss_bytes", p.peak_rss_bytes},
+                     {"round_in_flight", p.round_in_flight}, {"round_delay", p.round_delay},
                      {"loss_curve", curve}});
   }
   return nlohmann::json{{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version}, {"nodes", nodes}}

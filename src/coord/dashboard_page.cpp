@@ -18,7 +18,7 @@ svg { border: 1px solid #ddd; background: #fff; } .err { color: #cf222e; }
 <h1 id="title">spes run</h1>
 <div class="sub" id="summary">loading…</div>
 <table id="nodes"><thead><tr><th class="l">node</th><th class="l">state</th><th class="l">experts</th><th>step</th>
-<th>loss</th><th>tokens/s</th><th>round</th><th>last round in</th><th>bytes in</th><th>bytes out</th><th>memory</th></tr></thead>
+<th>loss</th><th>tokens/s</th><th>round</th><th>in flight</th><th>last round in</th><th>bytes in</th><th>bytes out</th><th>memory</th></tr></thead>
 <tbody></tbody></table>
 <h2 style="font-size:16px">Training loss per node</h2>
 <svg id="loss" width="900" height="320"></svg>
@@ -76,7 +76,9 @@ async function refresh() {
       const state = n.done ? "done" : n.alive ? "alive" : "dead";
       cell(row, state + (n.member ? "" : " (not a member)"), "l " + state);
       cell(row, n.experts.join(","), "l"); cell(row, n.step); cell(row, n.loss ? n.loss.toFixed(4) : "");
-      cell(row, Math.round(n.tokens_per_s)); cell(row, n.round); cell(row, bytes(n.last_sync_bytes_in));
+      cell(row, Math.round(n.tokens_per_s)); cell(row, n.round);
+      cell(row, n.round_in_flight ? "round " + n.round_in_flight : n.round ? "+" + n.round_delay + " steps" : "");
+      cell(row, bytes(n.last_sync_bytes_in));
       cell(row, bytes(n.bytes_in_total)); cell(row, bytes(n.bytes_out_total)); cell(row, bytes(n.peak_rss_bytes));
     }
     drawLoss(s.nodes);

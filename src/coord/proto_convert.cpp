@@ -51,6 +51,8 @@ void to_proto(const NodeProgress& p, spes::v1::NodeReport& out) {
   out.set_bytes_out_total(p.bytes_out_total);
   out.set_peak_rss_bytes(p.peak_rss_bytes);
   out.set_done(p.done);
+  out.set_round_in_flight(p.round_in_flight);
+  out.set_round_delay(p.round_delay);
   for (int e : p.experts) out.add_experts(static_cast<std::uint32_t>(e));
 }
 
@@ -66,6 +68,8 @@ NodeProgress from_proto(const spes::v1::NodeReport& r) {
   p.bytes_out_total = r.bytes_out_total();
   p.peak_rss_bytes = r.peak_rss_bytes();
   p.done = r.done();
+  p.round_in_flight = r.round_in_flight();
+  p.round_delay = r.round_delay();
   for (auto e : r.experts()) p.experts.push_back(static_cast<int>(e));
   return p;
 }

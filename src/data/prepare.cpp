@@ -61,6 +61,12 @@ PreparedData prepare_data(const Config& config, bool force) {
   result.paths = data_paths(config.data);
   const DataPaths& p = result.paths;
   const nlohmann::json settings = settings_of(config);
+  // Several nodes started at once on one machine share data.dir: one prepares, the others wait
+  // and then find it up to date.
+  ensure_directory(p.dir);
+  FileLock lock(p.dir / ".prepare.lock", [&] {
+    spdlog::info("another process is preparing {}: waiting for it", p.dir.string());
+  });
 
   if (!force && fs::exists(p.meta) && fs::exists(p.train) && fs::exists(p.val) && fs::exists(p.tokenizer)) {
     try {
@@ -84,7 +90,6 @@ PreparedData prepare_data(const Config& config, bool force) {
 
   // A user-supplied tokenizer is checked before the (slower) corpus is read.
   if (!config.data.tokenizer.empty()) Tokenizer check(config.data.tokenizer);
-  ensure_directory(p.dir);
   std::vector<Document> docs = load_corpus(config.data);
   std::vector<const Document*> train_docs, val_docs;
   for (const auto& d : docs) (is_validation_document(d.name, config.data.val_fraction) ? val_docs : train_docs).push_back(&d);

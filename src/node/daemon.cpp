@@ -17,6 +17,7 @@
 #include "spes/coord/coordinator.h"
 #include "spes/dist/node_group.h"
 #include "spes/node/metrics.h"
+#include "spes/node/overlap.h"
 #include "spes/sync/engine.h"
 #include "spes/sync/model_params.h"
 #include "spes/train/checkpoint.h"
@@ -33,10 +34,20 @@ namespace {
 // Steps after which the node runs a sync round (and its ranks re-share rank 0's state).
 bool is_round_step(const Config& c, std::int64_t step) { return step % c.sync.every == 0 || step == c.train.steps; }
 
-// Every rank stops after the same step: a stop requested on any of them stops all.
-bool stop_agreed(NodeGroup* group) {
-  const bool here = stop_requested();
-  return group ? group->max(here ? 1 : 0) > 0 : here;
+// Steps after which a round lands (and the ranks re-share rank 0's state): the round's own step,
+// or with sync.overlap sync.max_delay steps later (< sync.every); the last step's round at once.
+bool is_landing_step(const Config& c, std::int64_t step) {
+  if (step == c.train.steps) return true;
+  const std::int64_t snapshot = step - c.sync.delay();
+  return snapshot > 0 && snapshot % c.sync.every == 0;
+}
+
+// Every rank stops after the same step: a stop requested on any of them stops all — once rank 0
+// has no round in flight (`hold`), so that the shard it writes has nothing in flight either.
+bool stop_agreed(NodeGroup* group, bool hold = false) {
+  const int here = (stop_requested() ? 1 : 0) + (hold ? 2 : 0);
+  const int all = group ? static_cast<int>(group->max(here)) : here;
+  return all == 1;
 }
 
 // Rank 0's step counter, round, owned experts and weights into every rank of the node (in
@@ -70,19 +81,24 @@ std::uint64_t share_from_leader(NodeGroup& group, Trainer& trainer, std::uint64_
   return static_cast<std::uint64_t>(h[1]);
 }
 
-// sync.dump_dir: every rank's weights after a round's share, to check that the ranks agree.
-void dump_rank_weights(Trainer& trainer, int rank, std::uint64_t round) {
-  const Config& c = trainer.config();
-  if (c.sync.dump_dir.empty()) return;
+// The model's weights as fp32 (sync.dump_dir: what an overlapped round landed on and left).
+void dump_model(Trainer& trainer, const std::string& path) {
   std::vector<torch::Tensor> keep;
   std::vector<TensorView> views;
   for (const auto& p : trainer.model()->named_parameters()) {
     keep.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
     views.push_back({p.key(), keep.back().sizes().vec(), keep.back().data_ptr<float>()});
   }
+  write_safetensors(path, views);
+}
+
+// sync.dump_dir: every rank's weights after a round's share, to check that the ranks agree.
+void dump_rank_weights(Trainer& trainer, int rank, std::uint64_t round) {
+  const Config& c = trainer.config();
+  if (c.sync.dump_dir.empty()) return;
   const std::string dir = fmt::format("{}/node{}", c.sync.dump_dir, c.run.node_id);
   ensure_directory(dir);
-  write_safetensors(fmt::format("{}/rank{}_round{}.safetensors", dir, rank, round), views);
+  dump_model(trainer, fmt::format("{}/rank{}_round{}.safetensors", dir, rank, round));
 }
 
 void dump_params(const ParamSet& params, const std::string& path) {
@@ -173,7 +189,7 @@ class NodeDaemon {
       : config_(std::move(config)),
         group_(group),
         trainer_(config_, TrainerOptions{.grad_sync = grad_sync}),
-        mirror_(trainer_.model()),
+        mirror_(trainer_.model(), config_.sync.overlap),
         metrics_(config_) {
     if (!config_.sync.dump_dir.empty()) {
       dump_dir_ = config_.sync.dump_dir + "/node" + std::to_string(config_.run.node_id);
@@ -215,8 +231,9 @@ class NodeDaemon {
     if (group_) share_from_leader(*group_, trainer_, round_);
 
     trainer_.set_after_step([this](const StepStats& s) { after_step(s); });
-    trainer_.set_should_stop([this] { return stop_agreed(group_); });
+    trainer_.set_should_stop([this] { return stop_agreed(group_, in_flight_ != nullptr); });
     EvalStats final_eval = trainer_.run();
+    log_goodput();
     engine_->finish(config_.sync.round_timeout_s);
     std::uint64_t skips = 0;
     for (auto k : engine_->skip_counts()) skips += k;
@@ -303,20 +320,88 @@ class NodeDaemon {
         p.peak_rss_bytes = s.peak_rss;
       });
     metrics_.step(s);
-    if (!is_round_step(config_, s.step)) {
-      checkpoint(nullptr);
-      return;
+    goodput_.step(s.seconds);
+    bool landed = false;
+    if (in_flight_ && s.step == in_flight_->land_step()) {
+      land_round(s.step);
+      landed = true;
     }
-    ++round_;
-    SyncRoundReport r = run_round(round_, s.step);
-    log_round(r);
-    round_step_ = s.step;
-    // After the round: a shard resumes at a round boundary, with the engine's residuals.
-    if (checkpoint_due(trainer_)) {
-      const auto carry = engine_->carry();
-      checkpoint(carry ? &*carry : nullptr);
+    if (is_round_step(config_, s.step)) {
+      if (overlap()) {
+        start_round(s.step);  // lands at once when max_delay is 0 and at the last step
+      } else {
+        ++round_;
+        const auto t0 = std::chrono::steady_clock::now();
+        SyncRoundReport r = run_round(round_, s.step);
+        held_for_round(s.step, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        log_round(r, 0);
+        round_step_ = s.step;
+      }
+      landed = landed || !in_flight_;
     }
-    if (coordinator_ && s.step != config_.train.steps) {
+    metrics_.goodput(goodput_);
+    // Landing steps and round steps never meet (max_delay < every) but at the last step, whose
+    // round lands at once: at most one after_round per step, as the other ranks expect.
+    if (in_flight_) defer_checkpoint();
+    else if (landed) after_round(s.step);
+    else checkpoint(nullptr);
+  }
+
+  bool overlap() const { return config_.sync.overlap; }
+
+  // Training held for a round after `step`; the last step's round is outside the goodput window.
+  void held_for_round(std::int64_t step, double seconds) {
+    if (step != config_.train.steps) goodput_.waited(seconds);
+  }
+
+  // Round round_ + 1 from the weights of step `step`, landing sync.max_delay steps later (at
+  // once at the last step: nothing is left to overlap with).
+  void start_round(std::int64_t step) {
+    const std::int64_t land = step == config_.train.steps ? step : std::min(step + config_.sync.delay(), config_.train.steps);
+    const std::uint64_t round = round_ + 1;
+    in_flight_ = std::make_unique<RoundInFlight>(*engine_, mirror_, trainer_.model(), round, step, land);
+    metrics_.round_in_flight(round);
+    if (heartbeat_) heartbeat_->update([&](NodeProgress& p) { p.round_in_flight = round; });
+    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
+    if (land == step) land_round(step);
+  }
+
+  // The round in flight lands at this step boundary (waiting for it if it has not finished).
+  void land_round(std::int64_t step) {
+    const std::uint64_t round = in_flight_->round();
+    if (!dump_dir_.empty())
+      dump_model(trainer_, fmt::format("{}/round{}_landing.safetensors", dump_dir_, round));
+    RoundInFlight::Landed l = in_flight_->land(step);
+    in_flight_.reset();
+    if (!dump_dir_.empty()) {
+      dump_params(mirror_.params(), fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
+      dump_model(trainer_, fmt::format("{}/round{}_landed.safetensors", dump_dir_, round));
+    }
+    round_ = round;
+    // The engine's error-feedback state goes with the weights of right after a round: only a
+    // round that landed at its own step leaves the model there.
+    if (l.delay == 0) round_step_ = step;
+    held_for_round(step, l.wait_seconds + l.apply_seconds);
+    if (l.wait_seconds > 0.05 && l.delay > 0)
+      spdlog::warn("sync: round {} was not done {} steps after its snapshot: training waited {:.2f} s for it", round,
+                   l.delay, l.wait_seconds);
+    metrics_.round_in_flight(0);
+    if (heartbeat_) heartbeat_->update([&](NodeProgress& p) {
+      p.round_in_flight = 0;
+      p.round_delay = l.delay;
+    });
+    log_round(l.report, l.delay);
+  }
+
+  // After a round has landed at `step`: the shard (with the engine's residuals when the weights
+  // are those of right after the round), the coordinator's next plan, the node's other ranks.
+  void after_round(std::int64_t step) {
+    if (checkpoint_due(trainer_) || checkpoint_deferred_) {
+      const auto carry = round_step_ == step ? engine_->carry() : std::nullopt;
+      checkpoint(carry ? &*carry : nullptr, /*force=*/checkpoint_deferred_);
+      checkpoint_deferred_ = false;
+    }
+    if (coordinator_ && step != config_.train.steps) {
       auto next = plan_for(round_ + 1);
       if (next && next->version != plan_.version) switch_plan(*next);
     }
@@ -332,11 +417,20 @@ class NodeDaemon {
     }
   }
 
+  // A shard falls due while a round is in flight: it is written when the round lands, so that a
+  // resumed run has nothing in flight and continues exactly as this one does.
+  void defer_checkpoint() {
+    if (!checkpoint_due(trainer_) || checkpoint_deferred_) return;
+    checkpoint_deferred_ = true;
+    spdlog::info("checkpoint: the shard due at step {} is written when round {} lands (step {})", trainer_.step_count(),
+                 in_flight_->round(), in_flight_->land_step());
+  }
+
   // A shard when checkpoint.every says so, timed for the metrics.
-  void checkpoint(const SyncCarry* carry) {
-    if (!checkpoint_due(trainer_)) return;
+  void checkpoint(const SyncCarry* carry, bool force = false) {
+    if (!force && !checkpoint_due(trainer_)) return;
     const auto t0 = std::chrono::steady_clock::now();
-    checkpoint_if_due(trainer_, round_, carry);
+    spdlog::info("checkpoint: wrote {}", write_shard(trainer_, round_, carry));
     metrics_.checkpoint_written(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 
@@ -351,6 +445,18 @@ class NodeDaemon {
     return r;
   }
 
+  void log_goodput() {
+    if (goodput_.wall_seconds() <= 0) return;
+    spdlog::info("goodput {:.1f}%: {:.1f} s in training steps of {:.1f} s from the first step to the last; {:.1f} s "
+                 "of it held for sync rounds{}", 100 * goodput_.ratio(), goodput_.step_seconds(), goodput_.wall_seconds(),
+                 goodput_.waited_seconds(), overlap() ? fmt::format(" (overlap on, max_delay {})", config_.sync.delay()) : "");
+    if (MetricsLog* m = trainer_.metrics())
+      m->write_line(nlohmann::json{{"type", "goodput"}, {"ratio", goodput_.ratio()}, {"step_seconds", goodput_.step_seconds()},
+                                   {"wall_seconds", goodput_.wall_seconds()}, {"waited_seconds", goodput_.waited_seconds()},
+                                   {"overlap", overlap()}, {"max_delay", config_.sync.delay()}}
+                        .dump());
+  }
+
   // A lossy-encoded run resumed right after a round: the engine takes back its residuals and
   // baseline rounds, so the next rounds send what an uninterrupted run would have sent.
   void restore_carry(const SyncCarry& carry) {
@@ -362,9 +468,11 @@ class NodeDaemon {
     spdlog::info("sync: restored the error-feedback residuals and baselines of round {}", carry.round);
   }
 
-  void log_round(const SyncRoundReport& r) {
-    metrics_.round(r, plan_.members.size(), *engine_);
-    spdlog::info("sync  round {:>3} at step {:>5} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
+  // `delay`: the steps trained between the round's snapshot and its landing (sync.overlap).
+  void log_round(const SyncRoundReport& r, std::int64_t delay) {
+    metrics_.round(r, plan_.members.size(), *engine_, delay);
+    spdlog::info("sync  round {:>3} at step {:>5}{} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
+                 overlap() ? fmt::format(" landed at {:>5}", r.step + delay) : "",
                  format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
                  r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
     if (MetricsLog* m = trainer_.metrics()) {
@@ -376,7 +484,8 @@ class NodeDaemon {
       m->write_line(nlohmann::json{{"type", "sync"}, {"round", r.round}, {"step", r.step}, {"seconds", r.seconds},
                                    {"bytes_in", r.bytes_in}, {"bytes_out_total", bytes_out_ + r.bytes_out},
                                    {"skipped", skipped}, {"by_peer", by_peer}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
-                                   {"plan", plan_.version}, {"members", plan_.members.size()}}
+                                   {"plan", plan_.version}, {"members", plan_.members.size()},
+                                   {"landed_step", r.step + delay}, {"delay", delay}}
                         .dump());
     }
     if (heartbeat_)
@@ -398,6 +507,9 @@ class NodeDaemon {
   std::unique_ptr<CoordinatorClient> coordinator_;
   std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<SyncEngine> engine_;
+  std::unique_ptr<RoundInFlight> in_flight_;  // sync.overlap; uses engine_ and mirror_
+  bool checkpoint_deferred_ = false;          // a shard fell due while a round was in flight
+  Goodput goodput_;
   MembershipPlan plan_;
   std::uint64_t round_ = 0;
   std::int64_t round_step_ = -1;  // the step of the last completed round (a shard at it can carry sync state)
@@ -412,7 +524,7 @@ void run_follower(const Config& config, NodeGroup& group, GradientSync* grad_syn
   resume_from_config(trainer);  // the shard rank 0 resumes from (no shard is written before the first share)
   share_from_leader(group, trainer, 0);
   trainer.set_after_step([&](const StepStats& s) {
-    if (!is_round_step(config, s.step)) return;
+    if (!is_landing_step(config, s.step)) return;
     const std::uint64_t round = share_from_leader(group, trainer, 0);
     dump_rank_weights(trainer, group.rank(), round);
   });

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
 namespace spes {
 
 std::string skip_reason_class(const std::string& reason) {
@@ -17,6 +19,24 @@ std::string skip_reason_class(const std::string& reason) {
   if (has("(14)") || has("unavailable") || has("Unavailable")) return "unavailable";
   if (has("(16)") || has("(7)") || has("token") || has("refused")) return "refused";
   return "other";
+}
+
+namespace {
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void Goodput::step(double seconds) {
+  last_end_ = steady_seconds();
+  if (first_start_ < 0) first_start_ = last_end_ - seconds;
+  in_steps_ += seconds;
+}
+void Goodput::waited(double seconds) { waited_ += seconds; }
+double Goodput::wall_seconds() const { return first_start_ < 0 ? 0 : last_end_ - first_start_; }
+double Goodput::ratio() const {
+  const double wall = wall_seconds();
+  return wall > 0 ? std::min(1.0, in_steps_ / wall) : 0;
 }
 
 NodeMetrics::NodeMetrics(const Config& c) {
@@ -42,13 +62,15 @@ void NodeMetrics::step(const StepStats& s) {
   server_->set_gauge("spes_device_memory_peak_bytes", "Peak GPU memory in live tensors (0 on the CPU)", static_cast<double>(s.peak_device_bytes));
 }
 
-void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine) {
+void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine, std::int64_t delay) {
   const std::uint64_t calls_refused = engine.calls_refused();
   if (!server_) return;
   ++rounds_;
   round_seconds_ += r.seconds;
   server_->set_gauge("spes_sync_round", "Last sync round completed", static_cast<double>(r.round));
-  server_->set_gauge("spes_sync_round_duration_seconds", "Wall time of the last round (training waits for it)", r.seconds);
+  server_->set_gauge("spes_sync_round_duration_seconds", "Wall time of the last round (without sync.overlap training waits for it)", r.seconds);
+  server_->set_gauge("spes_sync_round_delay_steps", "Steps between the last round's snapshot and its landing (sync.overlap)",
+                     static_cast<double>(delay));
   server_->set_counter("spes_sync_rounds_total", "Sync rounds completed", static_cast<double>(rounds_));
   server_->set_counter("spes_sync_round_seconds_total", "Wall time spent in sync rounds", round_seconds_);
   for (const auto& b : r.by_peer) {
@@ -82,6 +104,19 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const Syn
   refused_last_ = calls_refused;
   server_->set_counter("spes_sync_calls_refused_total", "Calls to the sync service refused (token, run, plan)",
                        static_cast<double>(refused_before_ + refused_last_));
+}
+
+void NodeMetrics::round_in_flight(std::uint64_t round) {
+  if (!server_) return;
+  server_->set_gauge("spes_sync_round_in_flight", "sync.overlap: the round running behind training (0 = none)",
+                     static_cast<double>(round));
+}
+
+void NodeMetrics::goodput(const Goodput& g) {
+  if (!server_) return;
+  server_->set_gauge("spes_node_goodput_ratio", "Time in training steps / wall time since the first step (0-1)", g.ratio());
+  server_->set_counter("spes_sync_wait_seconds_total", "Seconds training held for sync rounds (blocking rounds, late "
+                       "overlapped rounds, applying results)", g.waited_seconds());
 }
 
 void NodeMetrics::checkpoint_written(double seconds) {

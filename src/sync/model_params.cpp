@@ -15,7 +15,9 @@ struct ModelParamMirror::Host {
   HostCopy copy;                      // when staged
 };
 
-ModelParamMirror::ModelParamMirror(MoeTransformer& model) : model_(model), host_(std::make_unique<Host>()) {
+ModelParamMirror::ModelParamMirror(MoeTransformer& model, bool always_staged)
+    : model_(model), host_(std::make_unique<Host>()) {
+  host_->staged = always_staged;
   static const std::regex expert_name(R"(layers\.(\d+)\.mlp\.experts\.(\d+)\..*)");
   auto named = model->named_parameters();
   for (auto& p : named) {

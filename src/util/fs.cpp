@@ -1,6 +1,7 @@
 #include "spes/util/fs.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -138,6 +139,23 @@ void MappedFile::reset() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+FileLock::FileLock(const fs::path& path, const std::function<void()>& waiting) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) raise(ErrorKind::Io, "cannot open the lock file '{}': {}", path.string(), std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  if (waiting) waiting();
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    ::close(fd_);
+    raise(ErrorKind::Io, "cannot lock '{}': {}", path.string(), std::strerror(err));
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 }  // namespace spes

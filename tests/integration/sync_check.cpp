@@ -2,7 +2,11 @@
 // independently of the sync module: after each round every node holds bit-identical
 // parameters, equal to shared = fp32 mean of the nodes' pre-round copies (summed in node-id
 // order, then divided), expert e = its owner's pre-round copy (contiguous ownership).
-// usage: sync_check DUMP_DIR N_NODES ROUNDS [--identical-only]
+// --landed (sync.overlap): also that each node, where the round landed, holds
+//   trained tensors (shared, its own experts):  post + (landing - pre)
+//   the other experts:                          post
+// from the weights it landed on (roundR_landing) and left (roundR_landed).
+// usage: sync_check DUMP_DIR N_NODES ROUNDS [--identical-only | --landed]
 #include <cstdio>
 #include <cstring>
 #include <regex>
@@ -16,12 +20,13 @@ using Dump = std::map<std::string, LoadedTensor>;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: sync_check DUMP_DIR N_NODES ROUNDS [--identical-only]\n");
+    std::fprintf(stderr, "usage: sync_check DUMP_DIR N_NODES ROUNDS [--identical-only | --landed]\n");
     return 2;
   }
   const std::string dir = argv[1];
   const int n = std::stoi(argv[2]), rounds = std::stoi(argv[3]);
   const bool identical_only = argc > 4 && std::strcmp(argv[4], "--identical-only") == 0;
+  const bool landed = argc > 4 && std::strcmp(argv[4], "--landed") == 0;
   static const std::regex expert_name(R"(layers\.\d+\.mlp\.experts\.(\d+)\..*)");
   int failures = 0;
   try {
@@ -61,8 +66,26 @@ int main(int argc, char** argv) {
         }
         ++checked;
       }
-      std::printf("round %d: %zu tensors on %d nodes %s\n", r, post[0].size(), n,
-                  failures ? "MISMATCH" : (identical_only ? "identical" : "identical and equal to the SPES result"));
+      for (int i = 0; landed && i < n; ++i) {
+        const std::string base = dir + "/node" + std::to_string(i) + "/round" + std::to_string(r);
+        const Dump before = spes::read_safetensors(base + "_landing.safetensors");
+        const Dump after = spes::read_safetensors(base + "_landed.safetensors");
+        for (const auto& [name, got] : after) {
+          const bool trained = !std::regex_match(name, m, expert_name) || std::stoi(m[1]) / per_node == i;
+          std::vector<float> want = post[i].at(name).values;
+          if (trained) {
+            const auto &now = before.at(name).values, &snap = pre[i].at(name).values;
+            for (std::size_t x = 0; x < want.size(); ++x) want[x] += now[x] - snap[x];
+          }
+          if (want != got.values) {
+            std::printf("round %d: node %d landed %s at the wrong value\n", r, i, name.c_str());
+            ++failures;
+          }
+        }
+      }
+      std::printf("round %d: %zu tensors on %d nodes %s%s\n", r, post[0].size(), n,
+                  failures ? "MISMATCH" : (identical_only ? "identical" : "identical and equal to the SPES result"),
+                  landed && !failures ? "; landed as R + (theta_now - theta_snap)" : "");
     }
   } catch (const spes::Error& e) {
     std::printf("error: %s\n", e.what());

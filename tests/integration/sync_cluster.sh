@@ -12,49 +12,7 @@
 #      after the round), exported, then resumed by one node owning all experts (a new node count).
 # usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
-SPES=$1
-CHECK=$2
-SRC=$3
-DATA=$4
-source "$(dirname "$0")/lib.sh"
-
-TINY=$SRC/configs/tiny.yaml
-COMMON=(--set "data.dir=$DATA/tiny" --set train.eval_every=0 --set train.log_every=10
-        --set sync.insecure=true --set sync.token=test-token --set sync.round_timeout_s=60
-        --set sync.retry_backoff_s=0.1)
-
-# start_cluster NAME N STEPS EVERY [extra --set args...]: starts N nodes in the background.
-start_cluster() {
-  local name=$1 n=$2 steps=$3 every=$4
-  shift 4
-  read -r -a ports <<< "$(free_ports "$n")"
-  local peers="[" i
-  for ((i = 0; i < n; i++)); do peers+="{id: $i, address: '127.0.0.1:${ports[$i]}'},"; done
-  peers="${peers%,}]"
-  mkdir -p "$TMP/$name"
-  node_pids=()
-  for ((i = 0; i < n; i++)); do
-    "$SPES" node -c "$TINY" "${COMMON[@]}" --set train.steps="$steps" --set sync.every="$every" \
-      --set "sync.peers=$peers" --set run.node_id=$i --set "run.out_dir=$TMP/$name/node$i" \
-      --set "sync.dump_dir=$TMP/$name/dump" "$@" > "$TMP/$name/node$i.log" 2>&1 &
-    pids+=($!)
-    node_pids+=($!)
-  done
-}
-
-# wait_cluster NAME: waits for the nodes started last; fails on a non-zero exit.
-wait_cluster() {
-  local name=$1 i=0 rc
-  for p in "${node_pids[@]}"; do
-    wait "$p"
-    rc=$?
-    if [[ $rc -ne 0 && " ${expect_dead:-} " != *" $i "* ]]; then
-      fail "$name: node $i exited $rc"
-      tail -5 "$TMP/$name/node$i.log"
-    fi
-    i=$((i + 1))
-  done
-}
+source "$(dirname "$0")/cluster_lib.sh" "$@"
 
 # kill_after_step20_shards NAME: once both nodes of 2-node cluster NAME have written their step-20
 # shard, kills them (SIGKILL) and waits for them.
@@ -69,7 +27,6 @@ kill_after_step20_shards() {
   for p in "${node_pids[@]}"; do wait "$p" 2>/dev/null; done
 }
 
-final_loss() { grep -o "final validation loss [0-9.]*" "$1" | awk '{print $4}'; }
 
 # ---- A: 4 nodes, fp32, exact SPES result ----
 start_cluster a 4 30 10 --set merge.alpha=0
@@ -103,10 +60,7 @@ PY
 # ---- D: node 3 killed after its first round; the others skip it and finish ----
 start_cluster d 4 40 10 --set merge.alpha=0 --set sync.dump_dir= --set sync.peer_wait_s=3
 victim=${node_pids[3]}
-for _ in $(seq 1 600); do
-  grep -q "sync  round   1" "$TMP/d/node3.log" 2>/dev/null && break
-  sleep 0.1
-done
+wait_log "$TMP/d/node3.log" "sync  round   1"
 kill -9 "$victim" 2>/dev/null
 expect_dead=3 wait_cluster d
 for i in 0 1 2; do

@@ -56,6 +56,23 @@ TEST(Config, DefaultsFollowSpes) {
   EXPECT_EQ(c.run.seed, 6198u);
 }
 
+TEST(Config, OverlapLandsBeforeTheNextRound) {
+  const std::vector<std::string> sync = {"sync.every=20", "sync.token=t", "sync.insecure=true",
+                                         "sync.peers=[{id: 0, address: '127.0.0.1:1'}, {id: 1, address: '127.0.0.1:2'}]"};
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", sync).sync.delay(), 0);  // blocking by default
+  auto overlap = sync;
+  overlap.push_back("sync.overlap=true");
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", overlap).sync.delay(), 5);  // every / 4
+  overlap.push_back("sync.max_delay=19");
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", overlap).sync.delay(), 19);
+  overlap.back() = "sync.max_delay=20";
+  const std::string msg = config_error(kMinimal, overlap);
+  EXPECT_NE(msg.find("sync.max_delay"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("less than sync.every (20)"), std::string::npos) << msg;
+  overlap.back() = "sync.max_delay=-2";
+  EXPECT_NE(config_error(kMinimal, overlap).find("must be >= 0"), std::string::npos);
+}
+
 TEST(Config, PaperShapesParse) {
   for (const char* name : {"tiny", "small", "1b", "7b", "9b-upcycle"}) {
     SCOPED_TRACE(name);

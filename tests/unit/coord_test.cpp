@@ -92,11 +92,18 @@ TEST(Coordinator, TokenHeartbeatLossRestart) {
   ASSERT_TRUE(client.plan_for(0, 1, 1.0));
   NodeProgress p;
   p.round = 1;
+  p.round_in_flight = 2;  // sync.overlap: what the status shows for the round behind training
+  p.round_delay = 5;
   // Node 0 keeps reporting; node 1 falls silent: dead after 0.5 s, its experts move after 0.3 s more.
   for (int i = 0; i < 15; ++i) {
     client.heartbeat(0, p);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  for (const auto& row : client.status(5.0).nodes)
+    if (row.id == 0) {
+      EXPECT_EQ(row.progress.round_in_flight, 2u);
+      EXPECT_EQ(row.progress.round_delay, 5);
+    }
   auto later = client.plan_for(0, 3, 1.0);
   ASSERT_TRUE(later);
   ASSERT_EQ(later->members.size(), 1u);

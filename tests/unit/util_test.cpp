@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <optional>
+#include <thread>
 
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -42,6 +46,25 @@ TEST(Fs, AtomicWriteReplacesWholeFile) {
     EXPECT_EQ(e.kind(), ErrorKind::Io);
     EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos);
   }
+}
+
+TEST(Fs, FileLockLetsOneHolderInAtATime) {
+  auto p = std::filesystem::temp_directory_path() / ("spes-lock-" + std::to_string(::getpid()));
+  std::atomic<int> order{0};
+  int second_got_it_at = -1;
+  bool second_waited = false;
+  std::optional<FileLock> first(std::in_place, p);
+  std::thread second([&] {
+    FileLock again(p, [&] { second_waited = true; });
+    second_got_it_at = order.fetch_add(1);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  order.fetch_add(1);  // 0 -> 1 while the first still holds it
+  first.reset();
+  second.join();
+  EXPECT_TRUE(second_waited);
+  EXPECT_EQ(second_got_it_at, 1);  // only after the first let go
+  std::filesystem::remove(p);
 }
 
 TEST(Process, RunsCommandsAndReportsExitStatus) {

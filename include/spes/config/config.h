@@ -121,8 +121,14 @@ struct SyncConfig : Credentials {
   double retry_backoff_s = 0.2;        // first back-off between those retries, doubled up to 2 s
   double max_rel_change = 1.0;         // reject a tensor with |new - current| > this * |current|
   std::string dump_dir;                // write pre/post-round parameters here (tests, debugging)
+  // Overlap (docs/protocol.md, "Overlapped rounds"): a round runs on background threads while
+  // training goes on and lands max_delay steps after its snapshot (0 = at once: a blocking round).
+  bool overlap = false;
+  std::int64_t max_delay = -1;         // tau; -1 = every / 4
 
   bool enabled() const { return every > 0; }
+  // The steps after its snapshot at which a round lands (0 without overlap).
+  std::int64_t delay() const { return overlap ? (max_delay < 0 ? every / 4 : max_delay) : 0; }
   std::string effective_run_id(const RunConfig& run) const { return run_id.empty() ? run.name : run_id; }
 };
 

@@ -41,6 +41,8 @@ struct NodeProgress {
   std::int64_t peak_rss_bytes = 0;
   bool done = false;
   std::vector<int> experts;
+  std::uint64_t round_in_flight = 0;  // sync.overlap: the round running behind training (0 = none)
+  std::int64_t round_delay = 0;       // steps from the last round's snapshot to its landing
 };
 
 struct NodeStatusRow {

@@ -15,14 +15,33 @@
 
 namespace spes {
 
+// Goodput: the share of wall time spent in training steps, from the start of the first step to
+// the end of the last (the final round, after the last step, is outside it).
+class Goodput {
+ public:
+  void step(double seconds);    // right after a step of `seconds`
+  void waited(double seconds);  // training held for a round (waiting, applying its result)
+  double ratio() const;         // 0 before the first step
+  double step_seconds() const { return in_steps_; }
+  double wall_seconds() const;
+  double waited_seconds() const { return waited_; }
+
+ private:
+  double in_steps_ = 0, waited_ = 0;
+  double first_start_ = -1, last_end_ = 0;  // steady-clock seconds
+};
+
 class NodeMetrics {
  public:
   explicit NodeMetrics(const Config& config);
   bool enabled() const { return server_ != nullptr; }
   void step(const StepStats& s);
-  // After a round: its report, the members of the plan it ran under, and the engine's running
-  // figures (refused calls, bytes received by encoding).
-  void round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine);
+  // After a round: its report, the members of the plan it ran under, the engine's running
+  // figures (refused calls, bytes received by encoding) and the steps it landed after its snapshot.
+  void round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine, std::int64_t delay = 0);
+  // sync.overlap: the round now running behind training (0 = none), and the running goodput.
+  void round_in_flight(std::uint64_t round);
+  void goodput(const Goodput& g);
   void checkpoint_written(double seconds);
 
  private:

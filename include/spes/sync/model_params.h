@@ -3,7 +3,8 @@
 //
 // On the CPU with fp32 parameters the buffers are the parameters themselves. On a GPU, or with
 // bf16 frozen experts, they are a page-locked fp32 host copy that to_host() fills before a round
-// (one device-to-host transfer) and to_model() writes back after it (one transfer the other way).
+// (one device-to-host transfer) and to_model() writes back after it (one transfer the other way);
+// so are they, on request, for overlapped rounds.
 #pragma once
 
 #include <memory>
@@ -15,8 +16,10 @@ namespace spes {
 
 class ModelParamMirror {
  public:
-  // The model must outlive the mirror. Fills the buffers once.
-  explicit ModelParamMirror(MoeTransformer& model);
+  // The model must outlive the mirror. Fills the buffers once. `always_staged`: a host copy even
+  // where the parameters could serve as the buffers (overlapped rounds train while the round
+  // works on the buffers).
+  explicit ModelParamMirror(MoeTransformer& model, bool always_staged = false);
   ~ModelParamMirror();
 
   ParamSet& params() { return params_; }

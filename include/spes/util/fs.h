@@ -24,6 +24,20 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
 void write_folder_atomic(const std::filesystem::path& target,
                          const std::function<void(const std::filesystem::path& tmp)>& fill);
 
+// An exclusive advisory lock (flock) on `path`, created if missing, held until destruction: one
+// process at a time (e.g. preparing a data folder that several nodes on one machine share).
+// `waiting` is called once if another process holds it, before this one blocks for it.
+class FileLock {
+ public:
+  explicit FileLock(const std::filesystem::path& path, const std::function<void()>& waiting = {});
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // A read-only memory map of a whole file. Movable, not copyable. Thread-safe for reads.
 class MappedFile {
  public:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Several ranks per node (`spes node --nproc-per-node 2`, Gloo on the CPU), as separate processes:
 #   A. 2 nodes x 2 ranks, 3 rounds: after every round all four ranks hold bit-identical weights;
+#      A2 the same with overlapped rounds (sync.overlap), compared after every landing;
 #   B. one rank killed (SIGKILL): its node stops within seconds with a message naming the rank,
 #      no rank left running; `--resume` continues from the last shard and finishes;
 #   C. SIGTERM to a node: its ranks stop after the same step, rank 0 writes a shard, exit 0;
@@ -29,26 +30,41 @@ left_running() { pgrep -f -- "$1" | tr '\n' ' '; }
 # wait_for FILE SECONDS
 wait_for() { for _ in $(seq 1 $(($2 * 10))); do [[ -e $1 ]] && return 0; sleep 0.1; done; return 1; }
 
-# ---- A: 2 nodes x 2 ranks ----
-P=$(peers 2)
-for i in 0 1; do
-  "$SPES" node -c "$TINY" "${COMMON[@]}" --set train.steps=30 --set sync.every=10 --set "sync.peers=$P" \
-    --set run.node_id=$i --set "run.out_dir=$TMP/a/node$i" --set "sync.dump_dir=$TMP/a/dump" > "$TMP/a$i.log" 2>&1 &
-  pids+=($!)
-  a_pids[$i]=$!
-done
-for i in 0 1; do wait "${a_pids[$i]}" || { fail "A: node $i exited $?"; tail -5 "$TMP/a$i.log"; }; done
-identical=0
-for r in 1 2 3; do
-  ref=$TMP/a/dump/node0/rank0_round$r.safetensors
-  for f in node0/rank1 node1/rank0 node1/rank1; do
-    if cmp -s "$ref" "$TMP/a/dump/${f}_round$r.safetensors"; then identical=$((identical + 1))
-    else fail "A: round $r: $f differs from node0/rank0"; fi
+# ---- A: 2 nodes x 2 ranks (A2: with overlapped rounds, the ranks re-share at each landing) ----
+# two_by_two NAME LABEL [extra --set args...]
+two_by_two() {
+  local name=$1 label=$2 i r f identical=0
+  shift 2
+  local P
+  P=$(peers 2)
+  for i in 0 1; do
+    "$SPES" node -c "$TINY" "${COMMON[@]}" --set train.steps=30 --set sync.every=10 --set "sync.peers=$P" \
+      --set run.node_id=$i --set "run.out_dir=$TMP/$name/node$i" --set "sync.dump_dir=$TMP/$name/dump" "$@" \
+      > "$TMP/$name$i.log" 2>&1 &
+    pids+=($!)
+    a_pids[$i]=$!
   done
-done
-[[ $identical -eq 9 ]] && echo "ok   A: 2 nodes x 2 ranks, 3 rounds: all four ranks bit-identical after every round"
-grep -q "2 ranks, gloo process group" "$TMP/a/node0/node.log" || fail "A: node0 did not run 2 gloo ranks"
-[[ -z $(left_running "$TMP/a/") ]] || fail "A: processes left: $(left_running "$TMP/a/")"
+  for i in 0 1; do wait "${a_pids[$i]}" || { fail "$label: node $i exited $?"; tail -5 "$TMP/$name$i.log"; }; done
+  # Overlapped rounds land on each node's own progress: the nodes agree only after the last one
+  # (which lands at once), a node's ranks after every one.
+  local across="1 2 3"
+  [[ $label == A2 ]] && across=3
+  for r in 1 2 3; do
+    for f in node0/rank1 node1/rank0 node1/rank1; do
+      local ref=node0/rank0
+      [[ " $across " == *" $r "* ]] || ref=${f%/*}/rank0
+      [[ $ref == "$f" ]] && { identical=$((identical + 1)); continue; }
+      if cmp -s "$TMP/$name/dump/${ref}_round$r.safetensors" "$TMP/$name/dump/${f}_round$r.safetensors"; then
+        identical=$((identical + 1))
+      else fail "$label: round $r: $f differs from $ref"; fi
+    done
+  done
+  [[ $identical -eq 9 ]] && echo "ok   $label: 2 nodes x 2 ranks, 3 rounds: ranks bit-identical after every round (nodes too after rounds $across)"
+  grep -q "2 ranks, gloo process group" "$TMP/$name/node0/node.log" || fail "$label: node0 did not run 2 gloo ranks"
+  [[ -z $(left_running "$TMP/$name/") ]] || fail "$label: processes left: $(left_running "$TMP/$name/")"
+}
+two_by_two a A
+two_by_two a2 A2 --set sync.overlap=true --set sync.max_delay=3
 
 # ---- B: a rank killed, the node stops, --resume finishes ----
 P=$(peers 1)

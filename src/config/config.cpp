@@ -304,6 +304,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   r.get("dump_dir", c.dump_dir);
   r.get("overlap", c.overlap);
   r.get("max_delay", c.max_delay);
+  r.get("late", c.late);
   r.finish();
   if (c.every < 0) r.fail("every", "must be >= 0 (0 = no synchronization)");
   if (c.chunk_bytes < 4096 || c.chunk_bytes > (64 << 20)) r.fail("chunk_bytes", "must be between 4096 and 64 MiB");
@@ -312,6 +313,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.retry_backoff_s < 0) r.fail("retry_backoff_s", "must be >= 0");
   if (c.max_rel_change <= 0) r.fail("max_rel_change", "must be positive");
   if (c.max_delay < -1) r.fail("max_delay", "must be >= 0 (or -1: sync.every / 4)");
+  if (c.late != "wait" && c.late != "skip") r.fail("late", "must be wait or skip, not '" + c.late + "'");
   if (c.enabled() && c.delay() >= c.every)
     r.fail("max_delay", fmt::format("must be less than sync.every ({}): a round lands before the next one starts", c.every));
   if (!c.enabled()) return;

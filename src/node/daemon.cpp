@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -321,6 +322,7 @@ class NodeDaemon {
       });
     metrics_.step(s);
     goodput_.step(s.seconds);
+    step_seconds_ = step_seconds_ <= 0 ? s.seconds : 0.8 * step_seconds_ + 0.2 * s.seconds;
     bool landed = false;
     if (in_flight_ && s.step == in_flight_->land_step()) {
       land_round(s.step);
@@ -359,11 +361,20 @@ class NodeDaemon {
   void start_round(std::int64_t step) {
     const std::int64_t land = step == config_.train.steps ? step : std::min(step + config_.sync.delay(), config_.train.steps);
     const std::uint64_t round = round_ + 1;
-    in_flight_ = std::make_unique<RoundInFlight>(*engine_, mirror_, trainer_.model(), round, step, land);
+    in_flight_ = std::make_unique<RoundInFlight>(*engine_, mirror_, trainer_.model(), round, step, land,
+                                                 round_timeout(land - step));
     metrics_.round_in_flight(round);
     if (heartbeat_) heartbeat_->update([&](NodeProgress& p) { p.round_in_flight = round; });
     if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
     if (land == step) land_round(step);
+  }
+
+  // sync.late: skip — a round's deadline is the time its steps in flight take (from the recent
+  // step time), so training never waits for the network; otherwise sync.round_timeout_s.
+  double round_timeout(std::int64_t steps_in_flight) const {
+    if (config_.sync.late != "skip" || steps_in_flight == 0 || step_seconds_ <= 0) return 0;
+    const double budget = 0.95 * static_cast<double>(steps_in_flight) * step_seconds_;
+    return std::min(config_.sync.round_timeout_s, std::max(budget, 0.1));
   }
 
   // The round in flight lands at this step boundary (waiting for it if it has not finished).
@@ -383,8 +394,14 @@ class NodeDaemon {
     if (l.delay == 0) round_step_ = step;
     held_for_round(step, l.wait_seconds + l.apply_seconds);
     if (l.wait_seconds > 0.05 && l.delay > 0)
-      spdlog::warn("sync: round {} was not done {} steps after its snapshot: training waited {:.2f} s for it", round,
-                   l.delay, l.wait_seconds);
+      spdlog::warn("sync: round {} was not done {} steps after its snapshot: training waited {:.2f} s for it (rounds "
+                   "take {:.1f} s, steps {:.2f} s here: sync.max_delay {} would hide it)", round, l.delay, l.wait_seconds,
+                   l.report.seconds, step_seconds_, static_cast<std::int64_t>(std::ceil(l.report.seconds / step_seconds_)));
+    bool cut = false;
+    for (const auto& k : l.report.skipped) cut = cut || skip_reason_class(k.reason) == "deadline";
+    if (cut && config_.sync.late == "skip" && l.delay > 0)
+      spdlog::warn("sync: round {} was cut at its deadline ({} steps of training, sync.late: skip): peers that missed it "
+                   "were skipped; raise sync.max_delay or use int8 deltas if this repeats", round, l.delay);
     metrics_.round_in_flight(0);
     if (heartbeat_) heartbeat_->update([&](NodeProgress& p) {
       p.round_in_flight = 0;
@@ -509,6 +526,7 @@ class NodeDaemon {
   std::unique_ptr<SyncEngine> engine_;
   std::unique_ptr<RoundInFlight> in_flight_;  // sync.overlap; uses engine_ and mirror_
   bool checkpoint_deferred_ = false;          // a shard fell due while a round was in flight
+  double step_seconds_ = 0;                   // moving average of the step time (sync.late: skip)
   Goodput goodput_;
   MembershipPlan plan_;
   std::uint64_t round_ = 0;

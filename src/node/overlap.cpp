@@ -9,7 +9,7 @@
 namespace spes {
 
 RoundInFlight::RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, MoeTransformer& model, std::uint64_t round,
-                             std::int64_t step, std::int64_t land_step)
+                             std::int64_t step, std::int64_t land_step, double timeout_s)
     : mirror_(mirror), model_(model), round_(round), step_(step), land_step_(land_step) {
   SPES_CHECK(mirror.staged(), "an overlapped round needs sync buffers apart from the parameters");
   torch::NoGradGuard no_grad;
@@ -19,7 +19,8 @@ RoundInFlight::RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, MoeTr
       trained_.push_back(p);
       snapshot_.push_back(p.detach().clone());
     }
-  result_ = std::async(std::launch::async, [&engine, round, step] { return engine.run_round(round, step); });
+  result_ = std::async(std::launch::async,
+                       [&engine, round, step, timeout_s] { return engine.run_round(round, step, timeout_s); });
 }
 
 RoundInFlight::~RoundInFlight() {

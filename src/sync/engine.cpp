@@ -342,10 +342,11 @@ struct SyncEngine::Impl {
     if (merged && experts_missing) std::fill(base_experts.begin(), base_experts.end(), 0);
   }
 
-  SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s) {
     if (observer) return observe_round(round, step);
     const auto t0 = Clock::now();
-    const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
+    if (timeout_s <= 0) timeout_s = config.sync.round_timeout_s;
+    const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     // A peer that never answers must not use up the whole round: the reduce step gets half.
     const auto reduce_deadline = t0 + (deadline - t0) / 2;
     const std::uint64_t in0 = bytes_in.load();
@@ -470,7 +471,9 @@ struct SyncEngine::Impl {
 SyncEngine::SyncEngine(const Config& config, ParamSet params, SyncMembership membership)
     : impl_(std::make_unique<Impl>(config, std::move(params), std::move(membership))) {}
 SyncEngine::~SyncEngine() = default;
-SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step) { return impl_->run_round(round, step); }
+SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step, double timeout_s) {
+  return impl_->run_round(round, step, timeout_s);
+}
 void SyncEngine::finish(double timeout_s) {
   Impl& m = *impl_;
   const std::uint64_t round = m.store.latest();

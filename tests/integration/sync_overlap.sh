@@ -8,7 +8,9 @@
 #   O3. SIGTERM while a round is in flight: the nodes train on until it lands, write their shards
 #       and stop; resumed from them, the run ends bit-identical to an uninterrupted one;
 #   O4. a peer killed with its round in flight: the other node keeps training through the round,
-#       lands it on time with the peer skipped, and finishes.
+#       lands it on time with the peer skipped, and finishes;
+#   O5. sync.late: skip and a peer frozen (SIGSTOP) mid-run: the other node's rounds end at their
+#       deadline (max_delay steps of training), skip it, land on schedule; both finish after SIGCONT.
 # usage: sync_overlap.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 source "$(dirname "$0")/cluster_lib.sh" "$@"
@@ -79,6 +81,23 @@ grep -q "node 0 done: 4 rounds" "$TMP/o4/node0.log" || fail "O4: node 0 did not 
 landed=$(jsonl_field "$TMP/o4/node0/metrics.jsonl" sync landed_step | tr '\n' ' ')
 [[ $landed == "13 23 33 40 " ]] || fail "O4: rounds landed at steps $landed"
 [[ $failures -eq 0 ]] && echo "ok   O4: peer killed mid-round: skipped, every round landed on schedule, training finished"
+
+# ---- O5: sync.late: skip, a frozen peer ----
+start_cluster o5 2 40 10 "${OVER[@]}" --set sync.dump_dir= --set sync.late=skip
+wait_log "$TMP/o5/node1.log" "step    20/"
+kill -STOP "${node_pids[1]}"
+wait_log "$TMP/o5/node0.log" "sync  round   3" || fail "O5: node 0 did not reach round 3 with node 1 frozen"
+kill -CONT "${node_pids[1]}"
+wait_cluster o5
+grep -q "was cut at its deadline" "$TMP/o5/node0.log" || fail "O5: node 0 did not cut a round at its deadline"
+python3 - "$TMP/o5/node0/metrics.jsonl" <<'PY' || fail "O5: node 0's rounds did not land on schedule with node 1 skipped"
+import json, sys
+rounds = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "sync"]
+assert [r["landed_step"] for r in rounds] == [13, 23, 33, 40], rounds
+assert any(k["peer"] == 1 and "eadline" in k["reason"] for r in rounds[1:3] for k in r["skipped"]), rounds
+PY
+grep -q "node 1 done: 4 rounds" "$TMP/o5/node1.log" || fail "O5: node 1 did not finish after SIGCONT"
+[[ $failures -eq 0 ]] && echo "ok   O5: late: skip: rounds cut at their deadline while a peer was frozen, landed on schedule; both finished"
 
 [[ $failures -eq 0 ]] && echo "all overlap checks passed" && exit 0
 exit 1

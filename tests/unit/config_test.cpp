@@ -71,6 +71,10 @@ TEST(Config, OverlapLandsBeforeTheNextRound) {
   EXPECT_NE(msg.find("less than sync.every (20)"), std::string::npos) << msg;
   overlap.back() = "sync.max_delay=-2";
   EXPECT_NE(config_error(kMinimal, overlap).find("must be >= 0"), std::string::npos);
+  overlap.back() = "sync.late=later";
+  EXPECT_NE(config_error(kMinimal, overlap).find("must be wait or skip, not 'later'"), std::string::npos);
+  overlap.back() = "sync.late=skip";
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", overlap).sync.late, "skip");
 }
 
 TEST(Config, PaperShapesParse) {

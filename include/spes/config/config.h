@@ -125,6 +125,10 @@ struct SyncConfig : Credentials {
   // training goes on and lands max_delay steps after its snapshot (0 = at once: a blocking round).
   bool overlap = false;
   std::int64_t max_delay = -1;         // tau; -1 = every / 4
+  // A round not done when it is due to land: "wait" for the rest of it (bounded by
+  // round_timeout_s), or "skip": its deadline is tau steps of training, peers that miss it are
+  // skipped, and training never waits for the network.
+  std::string late = "wait";
 
   bool enabled() const { return every > 0; }
   // The steps after its snapshot at which a round lands (0 without overlap).

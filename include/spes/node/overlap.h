@@ -22,10 +22,11 @@ namespace spes {
 
 class RoundInFlight {
  public:
-  // Takes the snapshot and starts engine.run_round(round, step) on its own thread. The mirror
-  // must be staged (its buffers a copy, not the parameters). It lands at step `land_step`.
+  // Takes the snapshot and starts engine.run_round(round, step, timeout_s) on its own thread.
+  // The mirror must be staged (its buffers a copy, not the parameters). It lands at step
+  // `land_step`.
   RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, MoeTransformer& model, std::uint64_t round,
-                std::int64_t step, std::int64_t land_step);
+                std::int64_t step, std::int64_t land_step, double timeout_s = 0);
   // Waits for the round (its result is dropped) so the engine is free again.
   ~RoundInFlight();
   RoundInFlight(const RoundInFlight&) = delete;

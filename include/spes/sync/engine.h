@@ -66,8 +66,9 @@ class SyncEngine {
   SyncEngine& operator=(const SyncEngine&) = delete;
 
   // Runs round `round` (1, 2, ...) at optimizer step `step`; returns when this node holds the
-  // round's result. Throws only on internal errors: peers' failures become skips.
-  SyncRoundReport run_round(std::uint64_t round, std::int64_t step);
+  // round's result. Throws only on internal errors: peers' failures become skips. `timeout_s`:
+  // the round's deadline from now (0 = sync.round_timeout_s).
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s = 0);
 
   // Before leaving: waits (up to timeout_s) until every peer, and every observer, has fetched its
   // part of the last round from this node, so that a node finishing (or switching plans) first

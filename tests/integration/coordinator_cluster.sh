@@ -4,7 +4,8 @@
 #      after the last round, summary and plot written; E2: a port in TIME_WAIT is free;
 #   F. a node killed (SIGKILL) mid-run: the coordinator reassigns its experts after the grace
 #      period; the coordinator itself is killed and restarted; the node comes back, catches up
-#      from the others' round, gets experts again; all three finish with identical weights;
+#      from the others' round, gets experts again; all three finish with identical weights — with
+#      overlapped rounds (sync.overlap, max_delay 3);
 #   G. SIGTERM to a node: it finishes its step, leaves cleanly, writes a checkpoint shard, exits 0;
 #   H. bad input: port in use (nothing started), malformed cluster file, unknown node id;
 #   I. Ctrl-C (SIGINT) to launch-local mid-run: every process it started exits, no port stays bound.
@@ -16,9 +17,9 @@ DATA=$3
 source "$(dirname "$0")/lib.sh"
 cd "$SRC" || exit 2
 
-# write_cluster NAME STEPS: a 3-node cluster file for the tiny config in $TMP/NAME.
+# write_cluster NAME STEPS [EXTRA_SET_LINES]: a 3-node cluster file for the tiny config in $TMP/NAME.
 write_cluster() {
-  local name=$1 steps=$2
+  local name=$1 steps=$2 extra=${3:-}
   read -r -a ports <<< "$(free_ports 4)"
   mkdir -p "$TMP/$name"
   cat > "$TMP/$name/cluster.yaml" <<YAML
@@ -40,6 +41,7 @@ set:
   sync.dump_dir: $TMP/$name/dump
   merge.every: 20
   merge.horizon: 100
+$extra
 coordinator: {address: '127.0.0.1:${ports[0]}', heartbeat_s: 0.3, dead_after_s: 1.5, grace_s: 1}
 nodes:
   - {id: 0, address: '127.0.0.1:${ports[1]}'}
@@ -105,8 +107,9 @@ else
   fail "E2: launch on a port in TIME_WAIT: $(grep -m1 -i "error\|in use" "$TMP/e2/launch.log")"
 fi
 
-# ---- F: node killed, reassigned, coordinator restarted, node back ----
-write_cluster f 600
+# ---- F: node killed, reassigned, coordinator restarted, node back (with overlapped rounds) ----
+write_cluster f 600 "  sync.overlap: true
+  sync.max_delay: 3"
 head -c 24 /dev/urandom | base64 > "$TMP/f/token"
 "$SPES" coordinator plan --cluster "$TMP/f/cluster.yaml" --out "$TMP/f/plan" > "$TMP/f/plan.log" 2>&1 || fail "F: plan"
 "$SPES" coordinator serve --cluster "$TMP/f/cluster.yaml" --exit-when-done > "$TMP/f/coord1.log" 2>&1 &

@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "spes/coord/cluster.h"
@@ -54,21 +53,6 @@ void run_serve(const std::string& cluster_path, bool exit_when_done, const std::
   server.wait(exit_when_done);
   server.stop();
   spdlog::info("coordinator: stopped");
-}
-
-nlohmann::json status_json(const ClusterStatus& s) {
-  nlohmann::json nodes = nlohmann::json::array();
-  for (const auto& n : s.nodes) {
-    const auto& p = n.progress;
-    nodes.push_back({{"id", n.id}, {"address", n.address}, {"alive", n.alive}, {"member", n.member},
-                     {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step}, {"round", p.round},
-                     {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s}, {"last_sync_unix_s", p.last_sync_unix_s},
-                     {"last_sync_bytes_in", p.last_sync_bytes_in}, {"bytes_in_total", p.bytes_in_total},
-                     {"bytes_out_total", p.bytes_out_total}, {"peak_rss_bytes", p.peak_rss_bytes}, {"done", p.done},
-                     {"round_in_flight", p.round_in_flight}, {"round_delay", p.round_delay}});
-  }
-  return {{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version},
-          {"plan_effective_round", s.plan.effective_round}, {"nodes", nodes}};
 }
 
 }  // namespace
@@ -128,7 +112,7 @@ void add_coordinator_commands(CLI::App& app) {
   status->callback([cluster, as_json] {
     CoordinatorClient client(load_cluster(*cluster));
     ClusterStatus s = client.status(5.0);
-    if (*as_json) std::printf("%s\n", status_json(s).dump(2).c_str());
+    if (*as_json) std::printf("%s\n", cluster_status_json(s, /*curves=*/false, 2).c_str());
     else print_cluster_status(s);
   });
 }

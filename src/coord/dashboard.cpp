@@ -14,22 +14,27 @@ namespace spes {
 
 extern const char* const kDashboardPage;  // src/coord/dashboard_page.cpp
 
-std::string cluster_status_json(const ClusterStatus& s) {
+std::string cluster_status_json(const ClusterStatus& s, bool curves, int indent) {
   nlohmann::json nodes = nlohmann::json::array();
   for (const auto& n : s.nodes) {
     const NodeProgress& p = n.progress;
-    nlohmann::json curve = nlohmann::json::array();
-    for (const auto& [step, loss] : n.loss_curve) curve.push_back({step, loss});
-    nodes.push_back({{"id", n.id}, {"address", n.address}, {"alive", n.alive}, {"member", n.member},
-                     {"done", p.done}, {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step},
-                     {"round", p.round}, {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s},
-                     {"last_sync_bytes_in", p.last_sync_bytes_in}, {"bytes_in_total", p.bytes_in_total},
-                     {"bytes_out_total", p.bytes_out_total}, {"peak_rss_bytes", p.peak_rss_bytes},
-                     {"round_in_flight", p.round_in_flight}, {"round_delay", p.round_delay},
-                     {"loss_curve", curve}});
+    nlohmann::json node{{"id", n.id}, {"address", n.address}, {"alive", n.alive}, {"member", n.member},
+                        {"done", p.done}, {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step},
+                        {"round", p.round}, {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s},
+                        {"last_sync_unix_s", p.last_sync_unix_s}, {"last_sync_bytes_in", p.last_sync_bytes_in},
+                        {"bytes_in_total", p.bytes_in_total}, {"bytes_out_total", p.bytes_out_total},
+                        {"peak_rss_bytes", p.peak_rss_bytes}, {"round_in_flight", p.round_in_flight},
+                        {"round_delay", p.round_delay}};
+    if (curves) {
+      nlohmann::json curve = nlohmann::json::array();
+      for (const auto& [step, loss] : n.loss_curve) curve.push_back({step, loss});
+      node["loss_curve"] = curve;
+    }
+    nodes.push_back(node);
   }
-  return nlohmann::json{{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version}, {"nodes", nodes}}
-      .dump();
+  return nlohmann::json{{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version},
+                        {"plan_effective_round", s.plan.effective_round}, {"nodes", nodes}}
+      .dump(indent);
 }
 
 namespace {

@@ -13,8 +13,9 @@
 
 namespace spes {
 
-// The JSON that /api/status serves.
-std::string cluster_status_json(const ClusterStatus& status);
+// The run's status as JSON: what /api/status serves and `spes coordinator status --json` prints
+// (the loss curves only with `curves`; `indent` >= 0 pretty-prints).
+std::string cluster_status_json(const ClusterStatus& status, bool curves = true, int indent = -1);
 
 class DashboardServer {
  public:

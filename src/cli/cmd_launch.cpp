@@ -207,6 +207,7 @@ class ProgressView {
 struct NodeSummary {
   int id = 0;
   double val_loss = 0, tokens_per_s = 0;
+  double goodput = -1;  // time in training steps / wall time (-1: not reported)
   std::int64_t peak_rss = 0, steps = 0;
   std::map<std::uint64_t, std::uint64_t> bytes_in;  // round → bytes
 };
@@ -230,6 +231,8 @@ NodeSummary read_node_metrics(int id, const fs::path& path) {
       s.val_loss = j.value("val_loss", 0.0);
     } else if (type == "sync") {
       s.bytes_in[j.value("round", std::uint64_t{0})] += j.value("bytes_in", std::uint64_t{0});
+    } else if (type == "goodput") {
+      s.goodput = j.value("ratio", -1.0);
     }
   }
   s.tokens_per_s = s.steps > 0 ? tps_sum / static_cast<double>(s.steps) : 0;
@@ -250,7 +253,7 @@ void print_summary(const ClusterConfig& c, const Config& base, const std::vector
   double tps = 0;
   std::printf("\n== run '%s': %d nodes, %lld steps, done in %s ==\n", c.run.c_str(), N,
               static_cast<long long>(base.train.steps), format_duration(seconds).c_str());
-  std::printf("%-5s %10s %10s %12s %12s\n", "node", "val loss", "tok/s", "peak RSS", "bytes in");
+  std::printf("%-5s %10s %10s %12s %12s %9s\n", "node", "val loss", "tok/s", "peak RSS", "bytes in", "goodput");
   for (const auto& n : nodes) {
     std::uint64_t in = 0;
     for (const auto& [round, b] : n.bytes_in) {
@@ -258,8 +261,10 @@ void print_summary(const ClusterConfig& c, const Config& base, const std::vector
       in += b;
     }
     tps += n.tokens_per_s;
-    std::printf("%-5d %10.4f %10s %12s %12s\n", n.id, n.val_loss, format_count(n.tokens_per_s).c_str(),
-                format_bytes(static_cast<double>(n.peak_rss)).c_str(), format_bytes(static_cast<double>(in)).c_str());
+    const std::string goodput = n.goodput < 0 ? "-" : fmt::format("{:.1f}%", 100 * n.goodput);
+    std::printf("%-5d %10.4f %10s %12s %12s %9s\n", n.id, n.val_loss, format_count(n.tokens_per_s).c_str(),
+                format_bytes(static_cast<double>(n.peak_rss)).c_str(), format_bytes(static_cast<double>(in)).c_str(),
+                goodput.c_str());
   }
   std::printf("cluster: %s tok/s in all\n", format_count(tps).c_str());
   std::printf("memory: training state per node %s (weights + grads and AdamW moments of %d of %d experts) vs %s to "

@@ -74,6 +74,9 @@ if "$SPES" launch-local "$TMP/e/cluster.yaml" --refresh 2 > "$TMP/e/launch.log" 
     fail "E: weights differ after the last round"
   grep -q "reference star protocol" "$TMP/e/launch.log" && grep -q "training state per node" "$TMP/e/launch.log" ||
     fail "E: no summary"
+  for i in 0 1 2; do
+    grep -qE "^$i .* [0-9]+\.[0-9]%$" "$TMP/e/launch.log" || fail "E: no goodput for node $i in the summary"
+  done
   [[ -s "$TMP/e/run/loss.png" ]] || fail "E: no loss plot"
   grep -q "step .*/40" "$TMP/e/launch.log" || fail "E: no live progress"
 else

@@ -27,6 +27,7 @@ PACKAGES=(
   prometheus-cpp-dev   # /metrics on every daemon
   prometheus           # the tests' real scrape of a local cluster (not needed to run spes)
   chromium             # the tests load the run's live page in headless Chromium (not needed to run spes)
+  clang                # libFuzzer + AddressSanitizer for scripts/fuzz.sh (not needed to run spes)
   gnuplot-nox openssl iproute2 python3 python3-numpy python3-venv
   bible-kjv   # the demo corpus: the King James Bible, printed by `bible -f`
 )

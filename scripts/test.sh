@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite (what CI runs), then prints the slowest tests
-# and the suite's wall time.
+# and the suite's wall time, then fuzzes each parser briefly (scripts/fuzz.sh; SPES_FUZZ_SECONDS,
+# default 15 per target, 0 = skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,4 +16,10 @@ echo "slowest tests (of $(grep -c ' Test *#' ctest.log || true)):"
 sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' ctest.log | sort -rn | head -15 |
   awk '{printf "  %8.2f s  %s\n", $1, $2}'
 echo "test suite wall time: $(( $(date +%s) - start )) s"
+cd ..
+fuzz_seconds=${SPES_FUZZ_SECONDS:-15}
+if [[ $fuzz_seconds -gt 0 ]]; then
+  echo
+  bash scripts/fuzz.sh "$fuzz_seconds" || status=1
+fi
 exit $status

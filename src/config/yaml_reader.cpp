@@ -130,7 +130,10 @@ YAML::Node MapReader::raw(const std::string& key) { return lookup(key); }
 void MapReader::finish() const {
   if (!node_ || !node_.IsMap()) return;
   for (const auto& entry : node_) {
-    std::string key = entry.first.as<std::string>();
+    if (!entry.first.IsScalar())  // YAML's complex keys ("? ...") are valid YAML but no spes key
+      raise(ErrorKind::Config, "{}:{}: a key must be a plain name, not a list or a mapping{}", source_,
+            entry.first.Mark().line + 1, prefix_.empty() ? "" : " (in '" + prefix_ + "')");
+    std::string key = entry.first.Scalar();
     if (known_.count(key)) continue;
     std::string known_list;
     for (const auto& k : known_) known_list += (known_list.empty() ? "" : ", ") + k;

@@ -90,6 +90,7 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     raise(ErrorKind::Checkpoint, "'{}': header is not JSON: {}", path, e.what());
   }
+  if (!header.is_object()) raise(ErrorKind::Checkpoint, "'{}': header is not a JSON object", path);
   const std::size_t data_start = 8 + len;
   std::map<std::string, LoadedTensor> out;
   std::size_t data_end = 0;
@@ -104,8 +105,13 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
       LoadedTensor t;
       t.shape = h.at("shape").get<std::vector<std::int64_t>>();
       const auto off = h.at("data_offsets").get<std::vector<std::size_t>>();
+      // Every dimension >= 0 and no product past the file's size (no overflow to a small number).
       std::int64_t n = 1;
-      for (auto d : t.shape) n *= d;
+      for (auto d : t.shape) {
+        if (d < 0 || (d > 0 && n > static_cast<std::int64_t>(file.size()) / d))
+          raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has an impossible shape", path, it.key());
+        n *= d;
+      }
       if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != static_cast<std::size_t>(n) * width ||
           data_start + off[1] > file.size())
         raise(ErrorKind::Checkpoint, "'{}': tensor '{}' has bad data offsets", path, it.key());

@@ -241,6 +241,36 @@ TEST(Safetensors, ReadsBf16AndF16Exactly) {
   EXPECT_THROW(read_safetensors((dir.path / "i16.safetensors").string()), Error);
 }
 
+// Found by fuzz_safetensors: a header that is JSON but not an object escaped as a JSON exception;
+// a shape whose product overflows could pass the offset check.
+TEST(Safetensors, MalformedHeadersAreCheckpointErrors) {
+  Scratch dir;
+  fs::create_directories(dir.path);
+  auto file_with_header = [&](const std::string& name, const std::string& json, std::size_t data_bytes) {
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+    out += json + std::string(data_bytes, '\0');
+    write_file_atomic(dir.path / name, out);
+    return (dir.path / name).string();
+  };
+  auto message = [](const std::string& path) -> std::string {
+    try {
+      read_safetensors(path);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Checkpoint);
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(file_with_header("array", "[1, 2]", 0)).find("header is not a JSON object"), std::string::npos);
+  EXPECT_NE(message(file_with_header("number", "48", 0)).find("header is not a JSON object"), std::string::npos);
+  // 2^32 x 2^32 x 4 bytes wraps to 0 in 64 bits.
+  const std::string huge = R"({"x": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})";
+  EXPECT_NE(message(file_with_header("huge", huge, 0)).find("impossible shape"), std::string::npos);
+  const std::string negative = R"({"x": {"dtype": "F32", "shape": [-1, -4], "data_offsets": [0, 16]}})";
+  EXPECT_NE(message(file_with_header("negative", negative, 16)).find("impossible shape"), std::string::npos);
+}
+
 TEST(CkptUpcycle, CopiesTheDenseModelIntoEveryExpert) {
   const ModelConfig dense_model = small_model(QkNorm::Full, 1);
   const Shard dense = merge_shards({node_shard(dense_model, 0, {0})});

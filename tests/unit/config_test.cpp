@@ -77,6 +77,13 @@ TEST(Config, OverlapLandsBeforeTheNextRound) {
   EXPECT_EQ(parse_config(kMinimal, "m.yaml", overlap).sync.late, "skip");
 }
 
+TEST(Config, ComplexKeysAreRefusedWithTheLine) {
+  // Found by fuzz_config: a mapping used as a key made yaml-cpp throw past the config loader.
+  const std::string msg = config_error(std::string(kMinimal) + "? {a: 1}\n: 2\n");
+  EXPECT_NE(msg.find("test.yaml:9: a key must be a plain name"), std::string::npos) << msg;
+  EXPECT_NE(config_error("model:\n  ? [1, 2]\n  : 3\n").find("(in 'model')"), std::string::npos);
+}
+
 TEST(Config, PaperShapesParse) {
   for (const char* name : {"tiny", "small", "1b", "7b", "9b-upcycle"}) {
     SCOPED_TRACE(name);

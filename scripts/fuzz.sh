@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers that read what users and peers hand a node — the config loader, the
-# safetensors reader, the token shard reader and the sync payload decoder — with libFuzzer and
+# safetensors reader, the token shard reader, the sync payload decoder and the checkpoint
+# manifest reader — with libFuzzer and
 # AddressSanitizer (clang, a second build in build-fuzz with -DSPES_FUZZ=ON: no torch). For each
 # target: its seeds (valid inputs from spes's own writers), every saved regression input
 # (tests/fuzz/regressions/NAME/, run once each), then SECONDS of fuzzing. Stops at the first
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-30}
 BUILD=${SPES_FUZZ_BUILD:-build-fuzz}
-TARGETS=(config safetensors token_shard sync_payload)
+TARGETS=(config safetensors token_shard sync_payload checkpoint_manifest)
 command -v clang++ > /dev/null || { echo "fuzz: clang++ is missing (scripts/setup.sh installs it)" >&2; exit 2; }
 if [[ ! -f $BUILD/build.ninja ]]; then
   CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DSPES_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null

@@ -252,20 +252,26 @@ Shard read_shard(const std::string& path) {
     sync = read_safetensors((dir / kSyncFile).string());
   }
   std::size_t listed = 0;
-  for (auto it = m.at("tensors").begin(); it != m.at("tensors").end(); ++it, ++listed) {
-    const auto& t = it.value();
-    const std::string file = t.at("file").get<std::string>();
-    if (file != kModelFile && file != kOptimizerFile && !(file == kSyncFile && info.sync_carry))
-      raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' is in an unknown file '{}'", path, it.key(), file);
-    auto& tensors = file == kModelFile ? shard.model : file == kOptimizerFile ? shard.optimizer : sync;
-    auto found = tensors.find(it.key());
-    if (found == tensors.end())
-      raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' listed in the manifest is not in {}", path, it.key(), file);
-    if (found->second.shape != t.at("shape").get<std::vector<std::int64_t>>())
-      raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' has another shape than the manifest says", path, it.key());
-    if (crc_of(found->second.values.data(), found->second.values.size()) != t.at("crc32").get<std::uint32_t>())
-      raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' fails its checksum (corrupt file {})", path, it.key(), file);
-    info.bytes += static_cast<std::int64_t>(found->second.values.size() * sizeof(float));
+  try {  // the manifest's tensor list: a field of the wrong type is a broken shard, like a bad value
+    const json& tensor_list = m.at("tensors");
+    if (!tensor_list.is_object()) raise(ErrorKind::Checkpoint, "shard '{}': manifest 'tensors' is not an object", path);
+    for (auto it = tensor_list.begin(); it != tensor_list.end(); ++it, ++listed) {
+      const auto& t = it.value();
+      const std::string file = t.at("file").get<std::string>();
+      if (file != kModelFile && file != kOptimizerFile && !(file == kSyncFile && info.sync_carry))
+        raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' is in an unknown file '{}'", path, it.key(), file);
+      auto& tensors = file == kModelFile ? shard.model : file == kOptimizerFile ? shard.optimizer : sync;
+      auto found = tensors.find(it.key());
+      if (found == tensors.end())
+        raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' listed in the manifest is not in {}", path, it.key(), file);
+      if (found->second.shape != t.at("shape").get<std::vector<std::int64_t>>())
+        raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' has another shape than the manifest says", path, it.key());
+      if (crc_of(found->second.values.data(), found->second.values.size()) != t.at("crc32").get<std::uint32_t>())
+        raise(ErrorKind::Checkpoint, "shard '{}': tensor '{}' fails its checksum (corrupt file {})", path, it.key(), file);
+      info.bytes += static_cast<std::int64_t>(found->second.values.size() * sizeof(float));
+    }
+  } catch (const json::exception& e) {
+    raise(ErrorKind::Checkpoint, "shard '{}': manifest.json lists its tensors wrongly: {}", path, e.what());
   }
   if (listed != shard.model.size() + shard.optimizer.size() + sync.size())
     raise(ErrorKind::Checkpoint, "shard '{}': its files hold tensors the manifest does not list", path);

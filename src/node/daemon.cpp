@@ -397,11 +397,12 @@ class NodeDaemon {
       spdlog::warn("sync: round {} was not done {} steps after its snapshot: training waited {:.2f} s for it (rounds "
                    "take {:.1f} s, steps {:.2f} s here: sync.max_delay {} would hide it)", round, l.delay, l.wait_seconds,
                    l.report.seconds, step_seconds_, static_cast<std::int64_t>(std::ceil(l.report.seconds / step_seconds_)));
-    bool cut = false;
-    for (const auto& k : l.report.skipped) cut = cut || skip_reason_class(k.reason) == "deadline";
-    if (cut && config_.sync.late == "skip" && l.delay > 0)
-      spdlog::warn("sync: round {} was cut at its deadline ({} steps of training, sync.late: skip): peers that missed it "
-                   "were skipped; raise sync.max_delay or use int8 deltas if this repeats", round, l.delay);
+    // With sync.late: skip a peer that misses the deadline (slow, behind or gone) is left out of
+    // the round, whatever the last error it gave.
+    if (config_.sync.late == "skip" && l.delay > 0 && !l.report.skipped.empty())
+      spdlog::warn("sync: round {} ended at its deadline ({} steps of training, {:.2f} s; sync.late: skip) without "
+                   "node(s) {}; raise sync.max_delay or use int8 deltas if this repeats", round, l.delay,
+                   l.report.seconds, skipped_text(l.report));
     metrics_.round_in_flight(0);
     if (heartbeat_) heartbeat_->update([&](NodeProgress& p) {
       p.round_in_flight = 0;

@@ -89,12 +89,13 @@ kill -STOP "${node_pids[1]}"
 wait_log "$TMP/o5/node0.log" "sync  round   3" || fail "O5: node 0 did not reach round 3 with node 1 frozen"
 kill -CONT "${node_pids[1]}"
 wait_cluster o5
-grep -q "was cut at its deadline" "$TMP/o5/node0.log" || fail "O5: node 0 did not cut a round at its deadline"
+grep -q "ended at its deadline .* without node(s) 1" "$TMP/o5/node0.log" || fail "O5: node 0 did not end a round at its deadline"
 python3 - "$TMP/o5/node0/metrics.jsonl" <<'PY' || fail "O5: node 0's rounds did not land on schedule with node 1 skipped"
 import json, sys
 rounds = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "sync"]
 assert [r["landed_step"] for r in rounds] == [13, 23, 33, 40], rounds
-assert any(k["peer"] == 1 and "eadline" in k["reason"] for r in rounds[1:3] for k in r["skipped"]), rounds
+# Rounds 2 and 3 ran while node 1 was frozen (or behind): it is skipped in both, whatever its last error.
+assert all(any(k["peer"] == 1 for k in r["skipped"]) for r in rounds[1:3]), rounds
 PY
 grep -q "node 1 done: 4 rounds" "$TMP/o5/node1.log" || fail "O5: node 1 did not finish after SIGCONT"
 [[ $failures -eq 0 ]] && echo "ok   O5: late: skip: rounds cut at their deadline while a peer was frozen, landed on schedule; both finished"

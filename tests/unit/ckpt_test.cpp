@@ -75,6 +75,29 @@ Shard node_shard(const ModelConfig& m, int node, std::vector<int> owned, unsigne
   return s;
 }
 
+// Found by fuzz_checkpoint_manifest: a tensor entry without its crc32 (or with a field of the
+// wrong type) escaped read_shard as a JSON exception instead of a Checkpoint error.
+TEST(CkptShard, ManifestTensorEntriesOfTheWrongFormAreCheckpointErrors) {
+  Scratch dir;
+  fs::create_directories(dir.path);
+  const std::string folder = (dir.path / "step-00000030").string();
+  write_shard_folder(folder, node_shard(small_model(), 0, {0, 1}));
+  const std::string manifest = read_file(fs::path(folder) / "manifest.json");
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{"\"crc32\"", "\"crc\""},
+                                                                                 {"\"file\": \"", "\"file\": 7, \"x\": \""}}) {
+    std::string broken = manifest;
+    broken.replace(broken.find(from), from.size(), to);
+    write_file_atomic(fs::path(folder) / "manifest.json", broken);
+    try {
+      read_shard(folder);
+      ADD_FAILURE() << "accepted a manifest with " << to;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Checkpoint);
+      EXPECT_NE(std::string(e.what()).find("lists its tensors wrongly"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CkptMerge, ExpertsComeFromTheirOwners) {
   const ModelConfig m = small_model();
   const Shard a = node_shard(m, 0, {0, 1}), b = node_shard(m, 1, {2, 3});

@@ -94,8 +94,9 @@ python3 - "$TMP/o5/node0/metrics.jsonl" <<'PY' || fail "O5: node 0's rounds did 
 import json, sys
 rounds = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "sync"]
 assert [r["landed_step"] for r in rounds] == [13, 23, 33, 40], rounds
-# Rounds 2 and 3 ran while node 1 was frozen (or behind): it is skipped in both, whatever its last error.
-assert all(any(k["peer"] == 1 for k in r["skipped"]) for r in rounds[1:3]), rounds
+# Round 3 ran while node 1 was frozen: it is skipped, whatever its last error. (Round 2 may have
+# been served before the SIGSTOP arrived.)
+assert any(k["peer"] == 1 for k in rounds[2]["skipped"]), rounds
 PY
 grep -q "node 1 done: 4 rounds" "$TMP/o5/node1.log" || fail "O5: node 1 did not finish after SIGCONT"
 [[ $failures -eq 0 ]] && echo "ok   O5: late: skip: rounds cut at their deadline while a peer was frozen, landed on schedule; both finished"

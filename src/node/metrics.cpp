@@ -91,13 +91,19 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const Syn
       server_->set_counter("spes_sync_rejected_payloads_total", "Payloads refused by validation, by reason",
                            ++rejected_[why], {{"reason", why}});
   }
-  for (const auto& [encoding, bytes] : engine.bytes_received_by_encoding()) {
-    const double now = static_cast<double>(bytes), before = by_encoding_last_[encoding];
-    by_encoding_[encoding] += now >= before ? now - before : now;  // a new engine counts from zero
-    by_encoding_last_[encoding] = now;
-    server_->set_counter("spes_sync_received_bytes_by_encoding_total", "Sync payload bytes received, by wire encoding",
-                         by_encoding_[encoding], {{"encoding", encoding}});
-  }
+  auto add_by_encoding = [&](const std::map<std::string, std::uint64_t>& engine_counts, std::map<std::string, double>& totals,
+                             std::map<std::string, double>& last, const std::string& name, const std::string& help) {
+    for (const auto& [encoding, bytes] : engine_counts) {
+      const double now = static_cast<double>(bytes), before = last[encoding];
+      totals[encoding] += now >= before ? now - before : now;  // a new engine counts from zero
+      last[encoding] = now;
+      server_->set_counter(name, help, totals[encoding], {{"encoding", encoding}});
+    }
+  };
+  add_by_encoding(engine.bytes_received_by_encoding(), by_encoding_, by_encoding_last_,
+                  "spes_sync_received_bytes_by_encoding_total", "Sync payload bytes received, by wire encoding");
+  add_by_encoding(engine.bytes_sent_by_encoding(), sent_by_encoding_, sent_by_encoding_last_,
+                  "spes_sync_sent_bytes_by_encoding_total", "Sync payload bytes this node's service sent, by wire encoding");
   const double alive = static_cast<double>(members > 0 ? members - 1 : 0) - static_cast<double>(r.skipped.size());
   server_->set_gauge("spes_sync_peers_alive", "Other members that took part in the last round", std::max(0.0, alive));
   if (calls_refused < refused_last_) refused_before_ += refused_last_;  // a new engine counts from zero

@@ -534,12 +534,25 @@ int SyncEngine::port() const { return impl_->server ? impl_->server->port() : 0;
 std::uint64_t SyncEngine::bytes_sent() const { return impl_->server ? impl_->server->bytes_sent() : 0; }
 std::uint64_t SyncEngine::bytes_received() const { return impl_->bytes_in.load(); }
 
-std::map<std::string, std::uint64_t> SyncEngine::bytes_received_by_encoding() const {
+namespace {
+// Byte counts indexed by spes.v1.Encoding value, keyed by encoding name (zeros left out).
+template <typename Counts>
+std::map<std::string, std::uint64_t> by_encoding_name(const Counts& counts) {
   static const char* const names[] = {"unspecified", "fp32", "bf16", "int8_delta"};
   std::map<std::string, std::uint64_t> out;
-  for (std::size_t e = 0; e < impl_->bytes_in_by_encoding.size(); ++e)
-    if (const auto b = impl_->bytes_in_by_encoding[e].load()) out[names[e]] = b;
+  for (std::size_t e = 0; e < counts.size(); ++e)
+    if (const std::uint64_t b = counts[e]) out[names[e]] = b;
   return out;
+}
+}  // namespace
+
+std::map<std::string, std::uint64_t> SyncEngine::bytes_received_by_encoding() const {
+  std::array<std::uint64_t, 4> counts{};
+  for (std::size_t e = 0; e < counts.size(); ++e) counts[e] = impl_->bytes_in_by_encoding[e].load();
+  return by_encoding_name(counts);
+}
+std::map<std::string, std::uint64_t> SyncEngine::bytes_sent_by_encoding() const {
+  return impl_->server ? by_encoding_name(impl_->server->bytes_sent_by_encoding()) : std::map<std::string, std::uint64_t>{};
 }
 std::uint64_t SyncEngine::calls_refused() const { return impl_->server ? impl_->server->calls_refused() : 0; }
 std::vector<std::uint64_t> SyncEngine::skip_counts() const { return impl_->skips; }

@@ -151,8 +151,10 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
     std::uint64_t sent = 0;
     for (const auto& chunk : stream->chunks) {
       const bool written = writer->Write(chunk);
-      if (written) sent += chunk.ByteSizeLong();
       if (!written) break;
+      sent += chunk.ByteSizeLong();
+      if (const auto e = static_cast<std::size_t>(chunk.piece().encoding()); e < owner_.sent_by_encoding_.size())
+        owner_.sent_by_encoding_[e] += chunk.ByteSizeLong();
     }
     owner_.bytes_sent_ += sent;
     {
@@ -176,6 +178,12 @@ SyncServer::~SyncServer() { stop(); }
 std::map<std::uint32_t, std::uint64_t> SyncServer::bytes_sent_by_requester() const {
   std::lock_guard lock(sent_mutex_);
   return sent_to_;
+}
+
+std::array<std::uint64_t, 4> SyncServer::bytes_sent_by_encoding() const {
+  std::array<std::uint64_t, 4> out{};
+  for (std::size_t e = 0; e < out.size(); ++e) out[e] = sent_by_encoding_[e].load();
+  return out;
 }
 
 void SyncServer::start(const std::string& listen_address) {

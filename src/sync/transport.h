@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -62,6 +63,8 @@ class SyncServer {
   std::uint64_t calls_refused() const { return refused_.load(); }
   // Payload bytes sent so far, per requesting node id.
   std::map<std::uint32_t, std::uint64_t> bytes_sent_by_requester() const;
+  // Payload bytes sent so far, by spes.v1.Encoding value (index).
+  std::array<std::uint64_t, 4> bytes_sent_by_encoding() const;
 
  private:
   class Service;
@@ -71,6 +74,7 @@ class SyncServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<std::uint64_t> bytes_sent_{0}, refused_{0};
+  std::array<std::atomic<std::uint64_t>, 4> sent_by_encoding_{};
   mutable std::mutex sent_mutex_;
   std::map<std::uint32_t, std::uint64_t> sent_to_;
 };

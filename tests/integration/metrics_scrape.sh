@@ -88,6 +88,8 @@ grep -q "node=0,peer=1" <<< "$out" && grep -q "node=1,peer=0" <<< "$out" &&
   echo "ok   sync bytes per peer: $(tr '\n' ';' <<< "$out")" || fail "spes_sync_received_bytes_total: $out"
 out=$(query 'spes_sync_received_bytes_by_encoding_total{encoding="fp32"} > 0')
 [[ $(grep -c . <<< "$out") -eq 2 ]] && echo "ok   bytes by encoding (fp32) on both nodes" || fail "bytes by encoding: $out"
+out=$(query 'spes_sync_sent_bytes_by_encoding_total{encoding="fp32"} > 0')
+[[ $(grep -c . <<< "$out") -eq 2 ]] && echo "ok   bytes sent by encoding (fp32) on both nodes" || fail "bytes sent by encoding: $out"
 out=$(query 'spes_node_step')  # from the coordinator, one series per node
 [[ $(grep -c "node=" <<< "$out") -eq 2 ]] && echo "ok   coordinator reports both nodes' steps" || fail "spes_node_step: $out"
 out=$(query 'spes_coordinator_nodes{state="alive"}')

@@ -124,6 +124,16 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
           worst = std::max(worst, std::fabs(double(want[t][x]) - c.models[0]->storage[t][x]));
       EXPECT_LT(worst, 0.02) << enc << " round " << r;  // values ~1: a bf16 ulp is 2^-7
     }
+    // Every byte a service sent was received, in the encoding it went out in: round 1 of int8 in
+    // fp32 (no baseline yet), then int8; bf16 throughout.
+    std::map<std::string, std::uint64_t> sent, received;
+    for (const auto& e : c.engines) {
+      for (const auto& [name, b] : e->bytes_sent_by_encoding()) sent[name] += b;
+      for (const auto& [name, b] : e->bytes_received_by_encoding()) received[name] += b;
+    }
+    EXPECT_EQ(sent, received) << enc;
+    EXPECT_GT(sent[enc], 0u) << enc;
+    EXPECT_EQ(sent.count("fp32"), std::string(enc) == "int8_delta" ? 1u : 0u) << enc;
   }
 }
 

@@ -51,7 +51,8 @@ class NodeMetrics {
   std::map<int, double> received_, sent_, sent_last_;  // per peer: totals, and the engine's last figure
   std::map<std::pair<int, std::string>, double> skips_;
   std::map<std::string, double> rejected_;
-  std::map<std::string, double> by_encoding_, by_encoding_last_;  // totals, and the engine's last figure
+  // Per encoding, received and sent: totals, and the engine's last figure (a new engine counts from zero).
+  std::map<std::string, double> by_encoding_, by_encoding_last_, sent_by_encoding_, sent_by_encoding_last_;
 };
 
 // A short, bounded label for why a peer was skipped (Prometheus labels must not be free text):

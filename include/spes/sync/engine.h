@@ -85,8 +85,10 @@ class SyncEngine {
   int port() const;
   std::uint64_t bytes_sent() const;
   std::uint64_t bytes_received() const;
-  // Payload bytes received so far by the encoding they came in (fp32, bf16, int8_delta).
+  // Payload bytes received / sent (by this node's service) so far, by the encoding they travelled
+  // in (fp32, bf16, int8_delta).
   std::map<std::string, std::uint64_t> bytes_received_by_encoding() const;
+  std::map<std::string, std::uint64_t> bytes_sent_by_encoding() const;
   std::uint64_t calls_refused() const;
   // Peer id → rounds it was skipped in.
   std::vector<std::uint64_t> skip_counts() const;

@@ -9,6 +9,8 @@
 #   spes-merge20   (only when named) the same with alpha 0.2
 #   spes-overlap   (only when named) spes-warmup with overlapped rounds (sync.overlap, landing
 #                  max_delay = 5 steps after each snapshot)
+#   spes-fragments (only when named) spes-overlap with the model in 4 fragments (sync.fragments:
+#                  a round every 5 steps, one fragment each, landing 4 steps after its snapshot)
 # then a table of validation losses and one PNG of the curves (runs/quality/quality.png).
 # About 40 minutes on 2 cores (10 per run).
 # usage: scripts/quality_experiment.sh [STEPS [RUNS...]]   (default 200 and the first four;
@@ -29,10 +31,10 @@ read -r -a EXTRA_SET <<< "${QUALITY_SET:-}"     # key=value overrides for every 
 SPES=${SPES_BIN:-./build/spes}  # SPES_BIN: a copy, so that rebuilding during the experiment changes nothing
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
 mkdir -p "$OUT/curves"
-export OPENBLAS_NUM_THREADS=1
+source scripts/quality_lib.sh
 
 central() {
-  OPENBLAS_NUM_THREADS=2 "$SPES" train -c "$CONFIG" --set "train.steps=$STEPS" --set train.eval_every=25 \
+  "$SPES" train -c "$CONFIG" --set "train.steps=$STEPS" --set train.eval_every=25 \
     --set schedule.warmup_steps=20 --set train.batch_size=$((4 * NODE_BATCH)) --set run.threads=2 --set "run.out_dir=$OUT/central" \
     "${EXTRA_SET[@]/#/--set=}" > "$OUT/central.log" 2>&1
   mkdir -p "$OUT/curves/central" && cp "$OUT/central/metrics.jsonl" "$OUT/curves/central/"
@@ -41,31 +43,14 @@ central() {
 # spes NAME BASE_PORT EXTRA_SET_LINES [SYNC_EVERY]
 spes() {
   local name=$1 port=$2 extra=$3 every=${4:-20}
-  mkdir -p "$OUT/$name"
-  cat > "$OUT/$name/cluster.yaml" <<YAML
-run: quality-$name
-config: $CONFIG
-out_dir: $OUT/$name/run
-token_file: $OUT/$name/token
-insecure: true
-assignment: contiguous
-set:
-  train.steps: $STEPS
+  quality_launch "$OUT/$name" "$port" "$CONFIG" "  train.steps: $STEPS
   train.batch_size: $NODE_BATCH
   train.eval_every: 25
   schedule.warmup_steps: 20
   sync.every: $every
   sync.peer_wait_s: 60
 $extra
-$(for kv in "${EXTRA_SET[@]}"; do echo "  ${kv%%=*}: ${kv#*=}"; done)
-coordinator: {address: 127.0.0.1:$port, heartbeat_s: 2, dead_after_s: 60, grace_s: 60}
-nodes:
-  - {id: 0, address: 127.0.0.1:$((port + 1))}
-  - {id: 1, address: 127.0.0.1:$((port + 2))}
-  - {id: 2, address: 127.0.0.1:$((port + 3))}
-  - {id: 3, address: 127.0.0.1:$((port + 4))}
-YAML
-  "$SPES" launch-local "$OUT/$name/cluster.yaml" --refresh 60 --no-plot > "$OUT/$name.log" 2>&1
+$(for kv in "${EXTRA_SET[@]}"; do echo "  ${kv%%=*}: ${kv#*=}"; done)"
   mkdir -p "$OUT/curves/$name" && cp "$OUT/$name/run/node0/metrics.jsonl" "$OUT/curves/$name/"
 }
 
@@ -93,7 +78,11 @@ for run in "${RUNS[@]}"; do
     spes-overlap) spes spes-overlap 7380 "$WARMUP
   sync.overlap: true
   sync.max_delay: 5" ;;
-    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20 spes-overlap)" >&2; exit 2 ;;
+    spes-fragments) spes spes-fragments 7390 "$WARMUP
+  sync.overlap: true
+  sync.fragments: 4
+  sync.max_delay: 4" ;;
+    *) echo "unknown run '$run' (central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20 spes-overlap spes-fragments)" >&2; exit 2 ;;
   esac
 done
 [[ -f $OUT/curves/central/metrics.jsonl ]] || { echo "no central run in $OUT: name 'central' too" >&2; exit 2; }
@@ -102,7 +91,8 @@ echo "all runs done in $(( $(date +%s) - t0 )) s"
 python3 - "$OUT/curves" <<'PY'
 import json, os, sys
 root = sys.argv[1]
-order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5", "spes-merge20", "spes-overlap"]
+order = ["central", "spes-warmup", "spes-nowarmup", "spes-int8", "spes-h5", "spes-merge5", "spes-merge20", "spes-overlap",
+         "spes-fragments"]
 names = [n for n in order if os.path.exists(os.path.join(root, n, "metrics.jsonl"))]
 curves = {}
 for n in names:
@@ -129,9 +119,12 @@ if "spes-warmup" in curves and "spes-int8" in curves:
 if "spes-warmup" in curves and "spes-overlap" in curves:
     w = curves["spes-warmup"][last]
     print(f"  overlapped vs blocking rounds (both with warm-up): {100 * (curves['spes-overlap'][last] - w) / w:+.2f}%")
+if "spes-warmup" in curves and "spes-fragments" in curves:
+    w = curves["spes-warmup"][last]
+    print(f"  4 fragments, overlapped, vs blocking rounds: {100 * (curves['spes-fragments'][last] - w) / w:+.2f}%")
 PY
 curves=()
-for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20 spes-overlap; do
+for n in central spes-warmup spes-nowarmup spes-int8 spes-h5 spes-merge5 spes-merge20 spes-overlap spes-fragments; do
   if [[ -f $OUT/curves/$n/metrics.jsonl ]]; then curves+=("$OUT/curves/$n/metrics.jsonl"); fi
 done
 bash scripts/plot_loss.sh "${curves[@]}" "$OUT/quality.png"

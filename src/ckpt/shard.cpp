@@ -155,6 +155,9 @@ std::vector<std::pair<std::string, std::string>> resume_fields(const Config& c) 
       {"merge.top_k", std::to_string(c.merge.top_k)},
   };
   for (auto& f : rest) out.push_back(std::move(f));
+  // Rounds map to steps by every / fragments; listed only when split, so that shards written
+  // before fragments existed keep their hash.
+  if (c.sync.fragments > 1) out.emplace_back("sync.fragments", std::to_string(c.sync.fragments));
   return out;
 }
 

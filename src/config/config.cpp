@@ -305,6 +305,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   r.get("overlap", c.overlap);
   r.get("max_delay", c.max_delay);
   r.get("late", c.late);
+  r.get("fragments", c.fragments);
   r.finish();
   if (c.every < 0) r.fail("every", "must be >= 0 (0 = no synchronization)");
   if (c.chunk_bytes < 4096 || c.chunk_bytes > (64 << 20)) r.fail("chunk_bytes", "must be between 4096 and 64 MiB");
@@ -312,10 +313,18 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.peer_wait_s < 0) r.fail("peer_wait_s", "must be >= 0");
   if (c.retry_backoff_s < 0) r.fail("retry_backoff_s", "must be >= 0");
   if (c.max_rel_change <= 0) r.fail("max_rel_change", "must be positive");
-  if (c.max_delay < -1) r.fail("max_delay", "must be >= 0 (or -1: sync.every / 4)");
+  if (c.max_delay < -1) r.fail("max_delay", "must be >= 0 (or -1: a quarter of the steps between rounds)");
+  if (c.fragments < 1) r.fail("fragments", "must be >= 1 (1 = the whole model every round)");
+  if (c.enabled() && c.every % c.fragments != 0)
+    r.fail("fragments", fmt::format("must divide sync.every ({}): one fragment is synced every every / fragments steps",
+                                    c.every));
   if (c.late != "wait" && c.late != "skip") r.fail("late", "must be wait or skip, not '" + c.late + "'");
-  if (c.enabled() && c.delay() >= c.every)
-    r.fail("max_delay", fmt::format("must be less than sync.every ({}): a round lands before the next one starts", c.every));
+  if (c.enabled() && c.delay() >= c.period())
+    r.fail("max_delay", c.fragments > 1
+                            ? fmt::format("must be less than sync.every / sync.fragments ({}): a round lands before the "
+                                          "next one starts", c.period())
+                            : fmt::format("must be less than sync.every ({}): a round lands before the next one starts",
+                                          c.every));
   if (!c.enabled()) return;
   if (c.peers.empty()) r.fail("peers", "is required when sync.every > 0: list every node of the run");
   check_peers(r, c, model);

@@ -32,15 +32,17 @@
 namespace spes {
 namespace {
 
-// Steps after which the node runs a sync round (and its ranks re-share rank 0's state).
-bool is_round_step(const Config& c, std::int64_t step) { return step % c.sync.every == 0 || step == c.train.steps; }
+// Steps after which the node runs a sync round (and its ranks re-share rank 0's state): every
+// sync.every / sync.fragments steps (one fragment each), and the last.
+bool is_round_step(const Config& c, std::int64_t step) { return step % c.sync.period() == 0 || step == c.train.steps; }
 
 // Steps after which a round lands (and the ranks re-share rank 0's state): the round's own step,
-// or with sync.overlap sync.max_delay steps later (< sync.every); the last step's round at once.
+// or with sync.overlap sync.max_delay steps later (< the steps between rounds); the last step's
+// round at once.
 bool is_landing_step(const Config& c, std::int64_t step) {
   if (step == c.train.steps) return true;
   const std::int64_t snapshot = step - c.sync.delay();
-  return snapshot > 0 && snapshot % c.sync.every == 0;
+  return snapshot > 0 && snapshot % c.sync.period() == 0;
 }
 
 // Every rank stops after the same step: a stop requested on any of them stops all — once rank 0
@@ -102,9 +104,10 @@ void dump_rank_weights(Trainer& trainer, int rank, std::uint64_t round) {
   dump_model(trainer, fmt::format("{}/rank{}_round{}.safetensors", dir, rank, round));
 }
 
-void dump_params(const ParamSet& params, const std::string& path) {
+// The sync buffers a round reads and writes (those of its fragment, `tensors`) as safetensors.
+void dump_params(const ParamSet& params, const std::vector<std::size_t>& tensors, const std::string& path) {
   std::vector<TensorView> views;
-  for (const auto& p : params.params()) views.push_back({p.name, p.shape, p.data});
+  for (std::size_t i : tensors) views.push_back({params[i].name, params[i].shape, params[i].data});
   write_safetensors(path, views);
 }
 
@@ -268,7 +271,7 @@ class NodeDaemon {
   std::unique_ptr<SyncEngine> make_engine() {
     return std::make_unique<SyncEngine>(engine_config(config_, plan_), mirror_.params(),
                                         SyncMembership{plan_.version, std::max(plan_.effective_round, round_ + 1),
-                                                       plan_.observers});
+                                                       plan_.observers, plan_.effective_round});
   }
 
   // Trains what `plan` gives this node; says which experts it takes over (zero moments).
@@ -298,7 +301,8 @@ class NodeDaemon {
 
   // A node joining a run in progress: take round `round`'s result, then become a member.
   void catch_up(std::uint64_t round) {
-    const std::int64_t step = std::min<std::int64_t>(static_cast<std::int64_t>(round) * config_.sync.every, config_.train.steps);
+    const std::int64_t step =
+        std::min<std::int64_t>(static_cast<std::int64_t>(round) * config_.sync.period(), config_.train.steps);
     spdlog::info("catching up: waiting for round {} (step {}) from {} member(s)", round, step, plan_.members.size());
     SyncRoundReport r = run_round(round, step);
     trainer_.set_step(step);
@@ -361,11 +365,13 @@ class NodeDaemon {
   void start_round(std::int64_t step) {
     const std::int64_t land = step == config_.train.steps ? step : std::min(step + config_.sync.delay(), config_.train.steps);
     const std::uint64_t round = round_ + 1;
-    in_flight_ = std::make_unique<RoundInFlight>(*engine_, mirror_, trainer_.model(), round, step, land,
-                                                 round_timeout(land - step));
+    in_flight_ = std::make_unique<RoundInFlight>(*engine_, mirror_, round, step, land, round_timeout(land - step),
+                                                 engine_->fragment_of(round, step == config_.train.steps));
     metrics_.round_in_flight(round);
     if (heartbeat_) heartbeat_->update([&](NodeProgress& p) { p.round_in_flight = round; });
-    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
+    if (!dump_dir_.empty())
+      dump_params(mirror_.params(), engine_->tensors_of(in_flight_->fragment()),
+                  fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
     if (land == step) land_round(step);
   }
 
@@ -380,12 +386,14 @@ class NodeDaemon {
   // The round in flight lands at this step boundary (waiting for it if it has not finished).
   void land_round(std::int64_t step) {
     const std::uint64_t round = in_flight_->round();
+    const int fragment = in_flight_->fragment();
     if (!dump_dir_.empty())
       dump_model(trainer_, fmt::format("{}/round{}_landing.safetensors", dump_dir_, round));
     RoundInFlight::Landed l = in_flight_->land(step);
     in_flight_.reset();
     if (!dump_dir_.empty()) {
-      dump_params(mirror_.params(), fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
+      dump_params(mirror_.params(), engine_->tensors_of(fragment),
+                  fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
       dump_model(trainer_, fmt::format("{}/round{}_landed.safetensors", dump_dir_, round));
     }
     round_ = round;
@@ -455,11 +463,16 @@ class NodeDaemon {
   // One round on the sync buffers: the model's weights go to them before (one device-to-host
   // copy on a GPU) and come back after.
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step) {
-    mirror_.to_host();
-    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
-    SyncRoundReport r = engine_->run_round(round, step);
-    if (!dump_dir_.empty()) dump_params(mirror_.params(), fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
-    mirror_.to_model();
+    const int fragment = engine_->fragment_of(round, step == config_.train.steps);
+    const auto& tensors = engine_->tensors_of(fragment);
+    const auto* only = fragment == kWholeModel ? nullptr : &tensors;
+    mirror_.to_host(only);
+    if (!dump_dir_.empty())
+      dump_params(mirror_.params(), tensors, fmt::format("{}/round{}_pre.safetensors", dump_dir_, round));
+    SyncRoundReport r = engine_->run_round(round, step, 0, fragment);
+    if (!dump_dir_.empty())
+      dump_params(mirror_.params(), tensors, fmt::format("{}/round{}_post.safetensors", dump_dir_, round));
+    mirror_.to_model(only);
     return r;
   }
 
@@ -489,8 +502,11 @@ class NodeDaemon {
   // `delay`: the steps trained between the round's snapshot and its landing (sync.overlap).
   void log_round(const SyncRoundReport& r, std::int64_t delay) {
     metrics_.round(r, plan_.members.size(), *engine_, delay);
-    spdlog::info("sync  round {:>3} at step {:>5}{} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round, r.step,
-                 overlap() ? fmt::format(" landed at {:>5}", r.step + delay) : "",
+    spdlog::info("sync  round {:>3} at step {:>5}{}{} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round,
+                 r.step, overlap() ? fmt::format(" landed at {:>5}", r.step + delay) : "",
+                 engine_->fragments() == 1 ? ""
+                 : r.fragment == kWholeModel ? " (whole model)"
+                                             : fmt::format(" (fragment {}/{})", r.fragment + 1, engine_->fragments()),
                  format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
                  r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
     if (MetricsLog* m = trainer_.metrics()) {
@@ -503,7 +519,7 @@ class NodeDaemon {
                                    {"bytes_in", r.bytes_in}, {"bytes_out_total", bytes_out_ + r.bytes_out},
                                    {"skipped", skipped}, {"by_peer", by_peer}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
                                    {"plan", plan_.version}, {"members", plan_.members.size()},
-                                   {"landed_step", r.step + delay}, {"delay", delay}}
+                                   {"landed_step", r.step + delay}, {"delay", delay}, {"fragment", r.fragment}}
                         .dump());
     }
     if (heartbeat_)

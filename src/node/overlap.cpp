@@ -8,19 +8,22 @@
 
 namespace spes {
 
-RoundInFlight::RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, MoeTransformer& model, std::uint64_t round,
-                             std::int64_t step, std::int64_t land_step, double timeout_s)
-    : mirror_(mirror), model_(model), round_(round), step_(step), land_step_(land_step) {
+RoundInFlight::RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, std::uint64_t round, std::int64_t step,
+                             std::int64_t land_step, double timeout_s, int fragment)
+    : mirror_(mirror), tensors_(engine.tensors_of(fragment)), round_(round), step_(step), land_step_(land_step), fragment_(fragment) {
   SPES_CHECK(mirror.staged(), "an overlapped round needs sync buffers apart from the parameters");
   torch::NoGradGuard no_grad;
-  mirror_.to_host();
-  for (const auto& p : model_->parameters())
+  mirror_.to_host(subset());
+  for (std::size_t i : tensors_) {
+    const at::Tensor& p = mirror_.parameter(i);
     if (p.requires_grad()) {
       trained_.push_back(p);
       snapshot_.push_back(p.detach().clone());
     }
-  result_ = std::async(std::launch::async,
-                       [&engine, round, step, timeout_s] { return engine.run_round(round, step, timeout_s); });
+  }
+  result_ = std::async(std::launch::async, [&engine, round, step, timeout_s, fragment] {
+    return engine.run_round(round, step, timeout_s, fragment);
+  });
 }
 
 RoundInFlight::~RoundInFlight() {
@@ -30,6 +33,10 @@ RoundInFlight::~RoundInFlight() {
   } catch (...) {
     // Dropped with the round: land() is where a failure is reported.
   }
+}
+
+const std::vector<std::size_t>* RoundInFlight::subset() const {
+  return tensors_.size() == mirror_.params().size() ? nullptr : &tensors_;  // the whole model: one transfer
 }
 
 bool RoundInFlight::done() const {
@@ -48,11 +55,11 @@ RoundInFlight::Landed RoundInFlight::land(std::int64_t step) {
   const auto t1 = Clock::now();
   torch::NoGradGuard no_grad;
   if (out.delay == 0) {
-    mirror_.to_model();  // nothing trained since the snapshot: exactly the blocking round
+    mirror_.to_model(subset());  // nothing trained since the snapshot: exactly the blocking round
   } else {
     // snapshot <- theta_now - theta_snap (in place; a - b == -b + a exactly), then R, then R + it.
     for (std::size_t i = 0; i < trained_.size(); ++i) snapshot_[i].neg_().add_(trained_[i].detach());
-    mirror_.to_model();
+    mirror_.to_model(subset());
     for (std::size_t i = 0; i < trained_.size(); ++i) trained_[i].detach().add_(snapshot_[i]);
   }
   snapshot_.clear();

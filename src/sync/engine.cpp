@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -44,6 +45,25 @@ std::vector<float> fp32_mean(const std::vector<const std::vector<float>*>& parts
 
 }  // namespace
 
+// What one kind of round moves (the whole model, or one fragment of it): shared slice k,
+// averaged by peer k, and the experts each peer owns.
+struct RoundParts {
+  std::vector<std::vector<ParamRange>> slices;        // shared slice k
+  std::vector<std::vector<ParamRange>> peer_experts;  // experts owned by peer j
+  std::vector<int> layers;                            // the expert layers it carries (merge warm-up)
+  std::vector<std::size_t> tensors;                   // every tensor it reads and writes
+};
+
+// Lossy encodings' state for one RoundParts. int8 deltas: the round whose result the baseline
+// (`synced`) holds for shared slice k / peer j's experts; 0 = none, or not the same as
+// everyone's (a missed round): such parts travel in fp32. Residuals: error feedback, flat over
+// the ranges they belong to.
+struct Feedback {
+  std::vector<std::uint64_t> base_slice, base_experts;
+  std::vector<float> residual_experts, residual_average;
+  std::vector<std::vector<float>> residual_raw;  // per slice
+};
+
 struct SyncEngine::Impl {
   Config config;
   ParamSet params;
@@ -54,15 +74,13 @@ struct SyncEngine::Impl {
   int self = 0, n = 1;                                  // self: position in peers; -1 = observer
   bool observer = false;                                // catching up: fetches a round, serves nothing
   std::vector<std::unique_ptr<spes::v1::SyncService::Stub>> stubs;  // per peer; null for self
-  std::vector<std::vector<ParamRange>> slices;          // shared slice k
-  std::vector<std::vector<ParamRange>> peer_experts;    // experts owned by peer j (all layers)
+  int fragments = 1;                                    // sync.fragments
+  // [0]: the whole model; [1 + f]: fragment f (only when sync.fragments > 1).
+  std::vector<RoundParts> parts;
+  std::vector<Feedback> feedback;                       // per entry of parts
+  std::size_t last_parts = 0;                           // what the last round moved
   bool keeps_baseline = false;                          // int8_delta somewhere
   std::vector<std::vector<float>> synced;               // per parameter: last synced values
-  // int8 deltas: the round whose result `synced` holds for shared slice k / peer j's experts;
-  // 0 = none, or not the same as everyone's (a missed round): such parts travel in fp32.
-  std::vector<std::uint64_t> base_slice, base_experts;
-  std::vector<float> residual_experts, residual_average;
-  std::vector<std::vector<float>> residual_raw;         // per slice
   std::vector<bool> suspect;                            // skipped last round: short retries only
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
@@ -79,18 +97,20 @@ struct SyncEngine::Impl {
       if (config.sync.peers[j].id == config.run.node_id) self = j;
     observer = self < 0;
     transport.node_id = self;
-    for (int k = 0; k < n; ++k) slices.push_back(params.shared_slice(k, n));
-    for (const auto& peer : config.sync.peers) {
-      std::vector<ParamRange> ranges;
-      for (int e : peer.experts)
-        for (const auto& r : params.expert_ranges(e)) ranges.push_back(r);
-      peer_experts.push_back(std::move(ranges));
+    fragments = static_cast<int>(std::max<std::int64_t>(config.sync.fragments, 1));
+    std::vector<std::size_t> every_tensor(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) every_tensor[i] = i;
+    parts.push_back(make_parts(every_tensor));
+    if (fragments > 1) {
+      if (static_cast<std::size_t>(fragments) > params.size() - static_cast<std::size_t>(count_experts()))
+        raise(ErrorKind::Config, "{}: sync.fragments {} is more than the model's {} shared tensors",
+              config.where("sync.fragments"), fragments, params.size() - static_cast<std::size_t>(count_experts()));
+      for (auto& tensors : params.fragments(fragments)) parts.push_back(make_parts(tensors));
     }
     keeps_baseline = config.sync.shared_encoding == WireEncoding::Int8Delta ||
                      config.sync.expert_encoding == WireEncoding::Int8Delta;
     if (keeps_baseline) snapshot_baseline();
-    base_slice.assign(static_cast<std::size_t>(n), 0);
-    base_experts.assign(static_cast<std::size_t>(n), 0);
+    feedback.resize(parts.size());
     suspect.assign(static_cast<std::size_t>(n), false);
     peer_bytes_in = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(n));
     skips.assign(static_cast<std::size_t>(n), 0);
@@ -107,24 +127,68 @@ struct SyncEngine::Impl {
       spdlog::info("sync: node {} catching up from {} node(s), run '{}'", config.run.node_id, n, transport.run_id);
       return;
     }
-    if (config.sync.expert_encoding != WireEncoding::Fp32)
-      residual_experts.assign(static_cast<std::size_t>(range_numel(peer_experts[self])), 0.0f);
-    if (config.sync.shared_encoding != WireEncoding::Fp32) {
-      residual_average.assign(static_cast<std::size_t>(range_numel(slices[self])), 0.0f);
-      for (int k = 0; k < n; ++k) residual_raw.emplace_back(static_cast<std::size_t>(range_numel(slices[k])), 0.0f);
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      Feedback& fb = feedback[p];
+      const RoundParts& P = parts[p];
+      fb.base_slice.assign(static_cast<std::size_t>(n), 0);
+      fb.base_experts.assign(static_cast<std::size_t>(n), 0);
+      if (config.sync.expert_encoding != WireEncoding::Fp32)
+        fb.residual_experts.assign(static_cast<std::size_t>(range_numel(P.peer_experts[self])), 0.0f);
+      if (config.sync.shared_encoding != WireEncoding::Fp32) {
+        fb.residual_average.assign(static_cast<std::size_t>(range_numel(P.slices[self])), 0.0f);
+        for (int k = 0; k < n; ++k) fb.residual_raw.emplace_back(static_cast<std::size_t>(range_numel(P.slices[k])), 0.0f);
+      }
     }
     server = std::make_unique<SyncServer>(transport, store);
     const auto& me = config.sync.peers[self];
     server->start(config.sync.listen.empty() ? me.address : config.sync.listen);
-    spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps, shared {}, experts {}",
+    spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps{}, shared {}, experts {}",
                  config.run.node_id, n, server->port(), transport.insecure ? "INSECURE plaintext" : "TLS", transport.run_id,
-                 config.sync.every, wire_encoding_name(config.sync.shared_encoding),
-                 wire_encoding_name(config.sync.expert_encoding));
+                 config.sync.every,
+                 fragments > 1 ? fmt::format(" in {} fragments (a round every {} steps)", fragments, config.sync.period()) : "",
+                 wire_encoding_name(config.sync.shared_encoding), wire_encoding_name(config.sync.expert_encoding));
     if (transport.insecure)
       spdlog::warn("sync: sync.insecure is set: weights and the run token travel unencrypted");
   }
 
   int label(int j) const { return config.sync.peers[j].id; }
+
+  int count_experts() const {
+    int c = 0;
+    for (const auto& p : params.params()) c += p.is_expert() ? 1 : 0;
+    return c;
+  }
+
+  // The slices and owners' experts among `tensors` (ParamSet indices, ascending).
+  RoundParts make_parts(const std::vector<std::size_t>& tensors) const {
+    RoundParts P;
+    P.tensors = tensors;
+    std::vector<std::size_t> shared;
+    for (std::size_t i : tensors) {
+      if (!params[i].is_expert()) {
+        shared.push_back(i);
+      } else if (std::find(P.layers.begin(), P.layers.end(), params[i].layer) == P.layers.end()) {
+        P.layers.push_back(params[i].layer);
+      }
+    }
+    std::sort(P.layers.begin(), P.layers.end());
+    for (int k = 0; k < n; ++k) P.slices.push_back(params.shared_slice(k, n, shared));
+    for (const auto& peer : config.sync.peers) {
+      std::vector<ParamRange> ranges;
+      for (std::size_t i : tensors)
+        if (params[i].is_expert() &&
+            std::find(peer.experts.begin(), peer.experts.end(), params[i].expert) != peer.experts.end())
+          ranges.push_back({i, 0, params[i].numel});
+      P.peer_experts.push_back(std::move(ranges));
+    }
+    return P;
+  }
+
+  std::size_t parts_index(int fragment) const {
+    if (fragment == kWholeModel || fragments == 1) return 0;
+    SPES_CHECK(fragment >= 0 && fragment < fragments, fmt::format("fragment {} of {}", fragment, fragments));
+    return static_cast<std::size_t>(fragment) + 1;
+  }
 
   void snapshot_baseline() {
     synced.resize(params.size());
@@ -174,12 +238,12 @@ struct SyncEngine::Impl {
   }
 
   // Our baseline round for a part we fetch: slice k's, or peer j's experts.
-  std::uint64_t base_of(spes::v1::Part part, int peer, std::uint32_t slice) const {
+  std::uint64_t base_of(const Feedback& fb, spes::v1::Part part, int peer, std::uint32_t slice) const {
     if (!keeps_baseline) return 0;
-    return part == spes::v1::EXPERTS ? base_experts[peer] : base_slice[slice];
+    return part == spes::v1::EXPERTS ? fb.base_experts[peer] : fb.base_slice[slice];
   }
 
-  Fetched fetch(int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
+  Fetched fetch(const Feedback& fb, int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
                 const std::vector<ParamRange>& ranges, WireEncoding e, Clock::time_point deadline) {
     Fetched out;
     // Transient refusals (a node still starting up, or a round behind) are retried for up to
@@ -205,7 +269,7 @@ struct SyncEngine::Impl {
       request.set_slice(slice);
       request.set_requester(static_cast<std::uint32_t>(config.run.node_id));
       request.set_plan(transport.plan);
-      request.set_baseline_round(base_of(part, peer, slice));
+      request.set_baseline_round(base_of(fb, part, peer, slice));
       StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
                               model_values(ranges), max_rel_change);
       auto reader = stubs[peer]->Fetch(&context, request);
@@ -262,17 +326,18 @@ struct SyncEngine::Impl {
   };
   // Step 3 of a round: the averaged slice of every peer `wanted` picks from that aggregator and
   // its experts (if it owns any), all fetched in parallel.
-  Gathered gather_round(std::uint64_t round, Clock::time_point deadline, const std::function<bool(int)>& wanted) {
+  Gathered gather_round(const RoundParts& P, const Feedback& fb, std::uint64_t round, Clock::time_point deadline,
+                        const std::function<bool(int)>& wanted) {
     const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
     std::vector<std::future<Fetched>> avg_calls(static_cast<std::size_t>(n)), expert_calls(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j) {
       if (!wanted(j)) continue;
       avg_calls[j] = std::async(std::launch::async, [&, j] {
-        return fetch(j, round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(j), slices[j], se, deadline);
+        return fetch(fb, j, round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(j), P.slices[j], se, deadline);
       });
-      if (!peer_experts[j].empty())
+      if (!P.peer_experts[j].empty())
         expert_calls[j] = std::async(std::launch::async, [&, j] {
-          return fetch(j, round, spes::v1::EXPERTS, 0, peer_experts[j], ee, deadline);
+          return fetch(fb, j, round, spes::v1::EXPERTS, 0, P.peer_experts[j], ee, deadline);
         });
     }
     Gathered out{std::vector<Fetched>(static_cast<std::size_t>(n)), std::vector<Fetched>(static_cast<std::size_t>(n))};
@@ -283,12 +348,16 @@ struct SyncEngine::Impl {
     return out;
   }
 
-  // Step 4's end: the merge warm-up, when one is due at `step`.
-  void merge_if_due(SyncRoundReport& report, std::int64_t step) {
-    if (!merge_due(config.merge, step)) return;
+  // Step 4's end: the merge warm-up, when one is due. A whole-model round merges every layer
+  // when due at its own step; a fragment's round merges its layers for the merge step that fell
+  // since the fragment's previous round (sync.every steps ago), with that step's alpha.
+  void merge_if_due(SyncRoundReport& report, std::int64_t step, std::size_t which) {
+    const std::int64_t at = which == 0 ? (merge_due(config.merge, step) ? step : 0)
+                                       : merge_step_in(config.merge, step - config.sync.every, step);
+    if (at == 0) return;
     report.merged = true;
-    report.merge_alpha = merge_alpha(config.merge, step);
-    merge_experts(params, report.merge_alpha, config.merge.top_k);
+    report.merge_alpha = merge_alpha(config.merge, at);
+    merge_experts(params, report.merge_alpha, config.merge.top_k, which == 0 ? std::vector<int>{} : parts[which].layers);
   }
 
   // The observer's round: every averaged slice from its aggregator and every expert from its
@@ -296,22 +365,23 @@ struct SyncEngine::Impl {
   SyncRoundReport observe_round(std::uint64_t round, std::int64_t step) {
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(config.sync.round_timeout_s * 1000));
-    Gathered got = gather_round(round, deadline, [](int) { return true; });
+    const RoundParts& P = parts[0];
+    Gathered got = gather_round(P, feedback[0], round, deadline, [](int) { return true; });
     std::string failed;
     for (int j = 0; j < n; ++j) {
       if (!got.averaged[j].ok) failed += fmt::format(" node {}: averaged slice: {};", label(j), got.averaged[j].reason);
-      if (!peer_experts[j].empty() && !got.experts[j].ok)
+      if (!P.peer_experts[j].empty() && !got.experts[j].ok)
         failed += fmt::format(" node {}: experts: {};", label(j), got.experts[j].reason);
     }
     if (!failed.empty()) raise(ErrorKind::Peer, "could not catch up at round {}:{}", round, failed);
     for (int j = 0; j < n; ++j) {
-      scatter(params, slices[j], got.averaged[j].values.data());
-      if (got.experts[j].ok) scatter(params, peer_experts[j], got.experts[j].values.data());
+      scatter(params, P.slices[j], got.averaged[j].values.data());
+      if (got.experts[j].ok) scatter(params, P.peer_experts[j], got.experts[j].values.data());
     }
     SyncRoundReport report;
     report.round = round;
     report.step = step;
-    merge_if_due(report, step);
+    merge_if_due(report, step, 0);
     report.bytes_in = bytes_in.load();
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return report;
@@ -326,24 +396,47 @@ struct SyncEngine::Impl {
   // base round r. A slice averaged locally may differ from what others hold (base 0); experts
   // not fetched keep their older baseline and base round — unless a merge mixed them into
   // every expert, which then differs from the others' (base 0).
-  void update_baseline(std::uint64_t round, const std::vector<bool>& from_aggregator,
-                       const std::vector<Fetched>& experts, bool merged) {
+  void update_baseline(const RoundParts& P, Feedback& fb, std::uint64_t round, const std::vector<bool>& from_aggregator,
+                       const std::vector<bool>& experts_ok, bool merged) {
     bool experts_missing = false;
     for (int j = 0; j < n; ++j) {
-      keep_as_baseline(slices[j]);
-      base_slice[j] = from_aggregator[j] ? round : 0;
-      if (j == self || experts[j].ok) {
-        keep_as_baseline(peer_experts[j]);
-        base_experts[j] = round;
-      } else if (!peer_experts[j].empty()) {
+      keep_as_baseline(P.slices[j]);
+      fb.base_slice[j] = from_aggregator[j] ? round : 0;
+      if (j == self || experts_ok[j]) {
+        keep_as_baseline(P.peer_experts[j]);
+        fb.base_experts[j] = round;
+      } else if (!P.peer_experts[j].empty()) {
         experts_missing = true;
       }
     }
-    if (merged && experts_missing) std::fill(base_experts.begin(), base_experts.end(), 0);
+    if (merged && experts_missing) std::fill(fb.base_experts.begin(), fb.base_experts.end(), 0);
   }
 
-  SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s) {
+  // With fragments, a whole-model round (sent without baselines) leaves every fragment's
+  // baseline at its result: fragment slices are common where every whole slice came from its
+  // aggregator; int8 residuals are spent (the values went out exactly).
+  void whole_round_baselines(std::uint64_t round, const std::vector<bool>& from_aggregator,
+                             const std::vector<bool>& experts_ok, bool merged) {
+    const bool all_aggregated = std::all_of(from_aggregator.begin(), from_aggregator.end(), [](bool b) { return b; });
+    for (std::size_t p = 1; p < parts.size(); ++p) {
+      update_baseline(parts[p], feedback[p], round, std::vector<bool>(static_cast<std::size_t>(n), all_aggregated),
+                      experts_ok, merged);
+      Feedback& fb = feedback[p];
+      if (config.sync.expert_encoding == WireEncoding::Int8Delta)
+        std::fill(fb.residual_experts.begin(), fb.residual_experts.end(), 0.0f);
+      if (config.sync.shared_encoding == WireEncoding::Int8Delta) {
+        std::fill(fb.residual_average.begin(), fb.residual_average.end(), 0.0f);
+        for (auto& r : fb.residual_raw) std::fill(r.begin(), r.end(), 0.0f);
+      }
+    }
+  }
+
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s, int fragment) {
     if (observer) return observe_round(round, step);
+    const std::size_t which = parts_index(fragment);
+    const RoundParts& P = parts[which];
+    Feedback& fb = feedback[which];
+    last_parts = which;
     const auto t0 = Clock::now();
     if (timeout_s <= 0) timeout_s = config.sync.round_timeout_s;
     const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
@@ -355,18 +448,20 @@ struct SyncEngine::Impl {
     SyncRoundReport report;
     report.round = round;
     report.step = step;
+    report.fragment = which == 0 ? kWholeModel : static_cast<int>(which) - 1;
     std::vector<std::string> failure(static_cast<std::size_t>(n));  // first reason per peer
 
     // 1. Publish snapshot r.
     std::vector<float> own_experts;
-    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), peer_experts[self], ee,
-                                 model_values(peer_experts[self]), &residual_experts, own_experts, base_experts[self]);
+    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), P.peer_experts[self], ee,
+                                 model_values(P.peer_experts[self]), &fb.residual_experts, own_experts,
+                                 fb.base_experts[self]);
     std::vector<std::vector<float>> own_raw(static_cast<std::size_t>(n));
     std::vector<StreamPtr> raw_streams;
     for (int k = 0; k < n; ++k)
-      raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self), slices[k],
-                                   se, model_values(slices[k]), residual_raw.empty() ? nullptr : &residual_raw[k],
-                                   own_raw[k], base_slice[k]));
+      raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self),
+                                   P.slices[k], se, model_values(P.slices[k]),
+                                   fb.residual_raw.empty() ? nullptr : &fb.residual_raw[k], own_raw[k], fb.base_slice[k]));
     store.publish(round, experts_stream, std::move(raw_streams));
 
     // 2. Reduce this node's slice.
@@ -374,38 +469,39 @@ struct SyncEngine::Impl {
     for (int j = 0; j < n; ++j)
       if (j != self)
         raw_calls[j] = std::async(std::launch::async, [&, j] {
-          return fetch(j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(self), slices[self], se,
+          return fetch(fb, j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(self), P.slices[self], se,
                        reduce_deadline);
         });
     std::vector<Fetched> raw(static_cast<std::size_t>(n));
-    std::vector<const std::vector<float>*> parts;
+    std::vector<const std::vector<float>*> contributions;
     StreamHeader avg_header = header(round, spes::v1::SHARED_AVERAGED, static_cast<std::uint32_t>(self), self);
     for (int j = 0; j < n; ++j) {
       if (j == self) {
-        parts.push_back(&own_raw[self]);
+        contributions.push_back(&own_raw[self]);
         avg_header.contributors.push_back(static_cast<std::uint32_t>(j));
         continue;
       }
       raw[j] = raw_calls[j].get();
       if (raw[j].ok) {
-        parts.push_back(&raw[j].values);
+        contributions.push_back(&raw[j].values);
         avg_header.contributors.push_back(static_cast<std::uint32_t>(j));
       } else {
         failure[j] = "slice " + std::to_string(self) + ": " + raw[j].reason;
       }
     }
     std::vector<float> own_average;
-    store.publish_average(round, encode(avg_header, slices[self], se, fp32_mean(parts),
-                                        residual_average.empty() ? nullptr : &residual_average, own_average,
-                                        base_slice[self]));
+    store.publish_average(round, encode(avg_header, P.slices[self], se, fp32_mean(contributions),
+                                        fb.residual_average.empty() ? nullptr : &fb.residual_average, own_average,
+                                        fb.base_slice[self]));
     raw.clear();
 
     // 3. Gather averaged slices and other owners' experts.
-    auto [averaged, experts] = gather_round(round, deadline, [&](int j) { return j != self && failure[j].empty(); });
+    auto [averaged, experts] =
+        gather_round(P, fb, round, deadline, [&](int j) { return j != self && failure[j].empty(); });
     for (int j = 0; j < n; ++j) {
       if (j == self || !failure[j].empty()) continue;
       if (!averaged[j].ok) failure[j] = "averaged slice: " + averaged[j].reason;
-      else if (!peer_experts[j].empty() && !experts[j].ok) failure[j] = "experts: " + experts[j].reason;
+      else if (!P.peer_experts[j].empty() && !experts[j].ok) failure[j] = "experts: " + experts[j].reason;
     }
     // A slice whose aggregator failed: average it here from the raw copies of the peers that
     // answered, in node-id order (every surviving node computes the same).
@@ -417,7 +513,7 @@ struct SyncEngine::Impl {
       for (int j = 0; j < n; ++j)
         if (j != self && j != k && failure[j].empty())
           calls[j] = std::async(std::launch::async, [&, j, k] {
-            return fetch(j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), slices[k], se, deadline);
+            return fetch(fb, j, round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), P.slices[k], se, deadline);
           });
       std::vector<Fetched> got(static_cast<std::size_t>(n));
       std::vector<const std::vector<float>*> slice_parts;
@@ -437,15 +533,22 @@ struct SyncEngine::Impl {
     }
 
     // 4. Load into the model.
-    scatter(params, slices[self], own_average.data());
-    scatter(params, peer_experts[self], own_experts.data());
+    scatter(params, P.slices[self], own_average.data());
+    scatter(params, P.peer_experts[self], own_experts.data());
     for (int j = 0; j < n; ++j) {
       if (j == self) continue;
-      scatter(params, slices[j], averaged[j].values.data());
-      if (experts[j].ok) scatter(params, peer_experts[j], experts[j].values.data());
+      scatter(params, P.slices[j], averaged[j].values.data());
+      if (experts[j].ok) scatter(params, P.peer_experts[j], experts[j].values.data());
     }
-    merge_if_due(report, step);
-    if (keeps_baseline) update_baseline(round, from_aggregator, experts, report.merged);
+    merge_if_due(report, step, which);
+    if (keeps_baseline) {
+      std::vector<bool> experts_ok(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) experts_ok[j] = experts[j].ok;
+      // With fragments a whole-model round keeps no baseline of its own (it always goes without
+      // one): it refreshes every fragment's.
+      if (which == 0 && fragments > 1) whole_round_baselines(round, from_aggregator, experts_ok, report.merged);
+      else update_baseline(P, fb, round, from_aggregator, experts_ok, report.merged);
+    }
 
     for (int j = 0; j < n; ++j) {
       suspect[j] = !failure[j].empty();
@@ -471,8 +574,20 @@ struct SyncEngine::Impl {
 SyncEngine::SyncEngine(const Config& config, ParamSet params, SyncMembership membership)
     : impl_(std::make_unique<Impl>(config, std::move(params), std::move(membership))) {}
 SyncEngine::~SyncEngine() = default;
-SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step, double timeout_s) {
-  return impl_->run_round(round, step, timeout_s);
+SyncRoundReport SyncEngine::run_round(std::uint64_t round, std::int64_t step, double timeout_s, int fragment) {
+  return impl_->run_round(round, step, timeout_s, fragment);
+}
+
+int SyncEngine::fragments() const { return impl_->fragments; }
+
+int SyncEngine::fragment_of(std::uint64_t round, bool last) const {
+  const Impl& m = *impl_;
+  if (m.fragments == 1 || last || round == m.membership.whole_round || round == 0) return kWholeModel;
+  return static_cast<int>((round - 1) % static_cast<std::uint64_t>(m.fragments));
+}
+
+const std::vector<std::size_t>& SyncEngine::tensors_of(int fragment) const {
+  return impl_->parts[impl_->parts_index(fragment)].tensors;
 }
 void SyncEngine::finish(double timeout_s) {
   Impl& m = *impl_;
@@ -481,7 +596,7 @@ void SyncEngine::finish(double timeout_s) {
   // Each other node fetches our averaged slice, its raw copy of its own slice and our experts;
   // each observer our averaged slice and our experts. Peers skipped in the last round (dead or
   // hostile) are not waited for.
-  const bool own_experts = !m.peer_experts[m.self].empty();
+  const bool own_experts = !m.parts[m.last_parts].peer_experts[m.self].empty();
   const auto self_slice = static_cast<std::uint32_t>(m.self);
   std::vector<ServedKey> expected;
   auto expect_from = [&](int id) {
@@ -499,16 +614,39 @@ void SyncEngine::finish(double timeout_s) {
     spdlog::warn("sync: leaving before every peer fetched round {} from this node", round);
 }
 
+namespace {
+// Residual keys: "experts", "average", "raw.K" for the whole model; with fragments the same
+// under "whole." and "f<F>." for each fragment.
+std::string carry_prefix(std::size_t parts, std::size_t p) {
+  if (parts == 1) return "";
+  return p == 0 ? "whole." : "f" + std::to_string(p - 1) + ".";
+}
+}  // namespace
+
 std::optional<SyncCarry> SyncEngine::carry() const {
   const Impl& m = *impl_;
-  if (m.observer || (!m.keeps_baseline && m.residual_experts.empty() && m.residual_average.empty())) return std::nullopt;
+  bool residuals = false;
+  for (const auto& fb : m.feedback) residuals = residuals || !fb.residual_experts.empty() || !fb.residual_average.empty();
+  if (m.observer || (!m.keeps_baseline && !residuals)) return std::nullopt;
   SyncCarry c;
   c.round = m.store.latest();
-  c.base_slice = m.base_slice;
-  c.base_experts = m.base_experts;
-  if (!m.residual_experts.empty()) c.residuals["experts"] = m.residual_experts;
-  if (!m.residual_average.empty()) c.residuals["average"] = m.residual_average;
-  for (std::size_t k = 0; k < m.residual_raw.size(); ++k) c.residuals["raw." + std::to_string(k)] = m.residual_raw[k];
+  for (std::size_t p = 0; p < m.feedback.size(); ++p) {
+    const Feedback& fb = m.feedback[p];
+    const std::string prefix = carry_prefix(m.feedback.size(), p);
+    // The baselines a resumed run rebuilds are its weights, i.e. those right after the last
+    // round: with fragments, only the last round's parts (all after a whole-model round) keep
+    // their base rounds; the others start over (their next round goes without a baseline).
+    const bool current = m.last_parts == 0 || p == m.last_parts;
+    const std::vector<std::uint64_t> none(static_cast<std::size_t>(m.n), 0);
+    const auto& slice_base = current ? fb.base_slice : none;
+    const auto& expert_base = current ? fb.base_experts : none;
+    c.base_slice.insert(c.base_slice.end(), slice_base.begin(), slice_base.end());
+    c.base_experts.insert(c.base_experts.end(), expert_base.begin(), expert_base.end());
+    if (!fb.residual_experts.empty()) c.residuals[prefix + "experts"] = fb.residual_experts;
+    if (!fb.residual_average.empty()) c.residuals[prefix + "average"] = fb.residual_average;
+    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k)
+      c.residuals[prefix + "raw." + std::to_string(k)] = fb.residual_raw[k];
+  }
   return c;
 }
 
@@ -522,11 +660,18 @@ bool SyncEngine::restore(const SyncCarry& c) {
     auto it = c.residuals.find(key);
     if (it == c.residuals.end() || it->second.size() != values.size()) return false;
   }
-  m.base_slice = c.base_slice;
-  m.base_experts = c.base_experts;
-  if (!m.residual_experts.empty()) m.residual_experts = c.residuals.at("experts");
-  if (!m.residual_average.empty()) m.residual_average = c.residuals.at("average");
-  for (std::size_t k = 0; k < m.residual_raw.size(); ++k) m.residual_raw[k] = c.residuals.at("raw." + std::to_string(k));
+  const auto n = static_cast<std::ptrdiff_t>(m.n);
+  for (std::size_t p = 0; p < m.feedback.size(); ++p) {
+    Feedback& fb = m.feedback[p];
+    const std::string prefix = carry_prefix(m.feedback.size(), p);
+    const auto at = static_cast<std::ptrdiff_t>(p) * n;
+    fb.base_slice.assign(c.base_slice.begin() + at, c.base_slice.begin() + at + n);
+    fb.base_experts.assign(c.base_experts.begin() + at, c.base_experts.begin() + at + n);
+    if (!fb.residual_experts.empty()) fb.residual_experts = c.residuals.at(prefix + "experts");
+    if (!fb.residual_average.empty()) fb.residual_average = c.residuals.at(prefix + "average");
+    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k)
+      fb.residual_raw[k] = c.residuals.at(prefix + "raw." + std::to_string(k));
+  }
   return true;
 }
 

@@ -51,10 +51,19 @@ std::vector<std::vector<int>> most_similar_experts(const std::vector<const float
   return out;
 }
 
-void merge_experts(const ParamSet& params, double alpha, int top_k) {
+std::int64_t merge_step_in(const MergeConfig& config, std::int64_t after, std::int64_t upto) {
+  for (std::int64_t s = upto; s > after && s > 0; --s)
+    if (merge_due(config, s)) return s;
+  return 0;
+}
+
+void merge_experts(const ParamSet& params, double alpha, int top_k, const std::vector<int>& layers) {
   const int E = params.n_experts();
   if (alpha <= 0 || E < 2) return;
-  for (int l = 0; l < params.n_layers(); ++l) {
+  std::vector<int> all;
+  if (layers.empty())
+    for (int l = 0; l < params.n_layers(); ++l) all.push_back(l);
+  for (int l : layers.empty() ? all : layers) {
     // tensors[e] = expert e's tensors in this layer (gate, up, down as registered)
     std::vector<std::vector<std::size_t>> tensors(static_cast<std::size_t>(E));
     for (int e = 0; e < E; ++e) {

@@ -48,18 +48,31 @@ ModelParamMirror::~ModelParamMirror() = default;
 
 bool ModelParamMirror::staged() const { return host_->staged; }
 
-void ModelParamMirror::to_host() {
+void ModelParamMirror::to_host(const std::vector<std::size_t>* only) {
   if (!host_->staged) {
     // The buffers are the parameters: they must still be where the ParamSet points.
     for (std::size_t i = 0; i < host_->params.size(); ++i)
       SPES_CHECK(host_->params[i].data_ptr() == params_[i].data, "a parameter's storage moved under the sync buffers");
     return;
   }
+  if (only) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i : *only) host_->copy.views[i].copy_(host_->params[i]);
+    return;
+  }
   host_->copy = copy_to_host(host_->params, std::move(host_->copy));
 }
 
-void ModelParamMirror::to_model() {
-  if (host_->staged) copy_from_host(host_->copy, host_->params);
+void ModelParamMirror::to_model(const std::vector<std::size_t>* only) {
+  if (!host_->staged) return;
+  if (only) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i : *only) host_->params[i].copy_(host_->copy.views[i]);
+    return;
+  }
+  copy_from_host(host_->copy, host_->params);
 }
+
+const at::Tensor& ModelParamMirror::parameter(std::size_t i) const { return host_->params.at(i); }
 
 }  // namespace spes

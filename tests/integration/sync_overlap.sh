@@ -10,7 +10,10 @@
 #   O4. a peer killed with its round in flight: the other node keeps training through the round,
 #       lands it on time with the peer skipped, and finishes;
 #   O5. sync.late: skip and a peer frozen (SIGSTOP) mid-run: the other node's rounds end at their
-#       deadline (max_delay steps of training), skip it, land on schedule; both finish after SIGCONT.
+#       deadline (max_delay steps of training), skip it, land on schedule; both finish after SIGCONT;
+#   O6. sync.fragments 2: a round every 5 steps, each the SPES result on its fragment and landed as
+#       documented, the other tensors untouched; two rounds carry every tensor once; the last
+#       round the whole model; resumed from a shard of mid-run, the run ends bit-identical.
 # usage: sync_overlap.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 source "$(dirname "$0")/cluster_lib.sh" "$@"
@@ -100,6 +103,35 @@ assert any(k["peer"] == 1 for k in rounds[2]["skipped"]), rounds
 PY
 grep -q "node 1 done: 4 rounds" "$TMP/o5/node1.log" || fail "O5: node 1 did not finish after SIGCONT"
 [[ $failures -eq 0 ]] && echo "ok   O5: late: skip: rounds cut at their deadline while a peer was frozen, landed on schedule; both finished"
+
+# ---- O6: fragments ----
+FRAG=(--set sync.overlap=true --set sync.fragments=2 --set sync.max_delay=2 --set checkpoint.every=10 --set checkpoint.keep=10)
+start_cluster o6 2 30 10 "${FRAG[@]}"
+wait_cluster o6
+if "$CHECK" "$TMP/o6/dump" 2 6 --landed --fragments 2; then
+  echo "ok   O6: fragments: every round the SPES result on its fragment, landed as documented, each tensor once per 2 rounds"
+else
+  fail "O6: sync_check --landed --fragments 2"
+fi
+frags=$(jsonl_field "$TMP/o6/node0/metrics.jsonl" sync fragment | tr '\n' ' ')
+landed=$(jsonl_field "$TMP/o6/node0/metrics.jsonl" sync landed_step | tr '\n' ' ')
+[[ $frags == "0 1 0 1 0 -1 " && $landed == "7 12 17 22 27 30 " ]] &&
+  echo "ok   O6: rounds every 5 steps alternate the fragments, land 2 steps later; the last carries the whole model" ||
+  fail "O6: fragments $frags landed at $landed"
+cp "$TMP/o6/dump/node0/round6_post.safetensors" "$TMP/o6_full_round6_node0.safetensors"
+cp "$TMP/o6/dump/node1/round6_post.safetensors" "$TMP/o6_full_round6_node1.safetensors"
+for i in 0 1; do
+  rm -rf "$TMP/o6/node$i/checkpoints/step-00000022" "$TMP/o6/node$i/checkpoints/step-00000030" "$TMP"/o6/dump/node$i/round6_*
+done
+start_cluster o6 2 30 10 "${FRAG[@]}" --set checkpoint.resume=auto
+wait_cluster o6
+same=1
+for i in 0 1; do
+  grep -q "resum.*step 12\|step-00000012" "$TMP/o6/node$i.log" || same=0
+  cmp -s "$TMP/o6_full_round6_node$i.safetensors" "$TMP/o6/dump/node$i/round6_post.safetensors" || same=0
+done
+[[ $same -eq 1 ]] && echo "ok   O6: resumed from the shard of step 12 (fragments): bit-identical to the uninterrupted run" ||
+  fail "O6: resumed run with fragments differs from the uninterrupted one"
 
 [[ $failures -eq 0 ]] && echo "all overlap checks passed" && exit 0
 exit 1

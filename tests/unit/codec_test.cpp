@@ -211,6 +211,62 @@ TEST(StreamValidation, Int8DeltaAgainstAnotherBaselineIsRejected) {
 }
 
 // ---- merge warm-up ----
+// sync.fragments: every tensor in exactly one fragment, each fragment with shared tensors, the
+// shared ones contiguous and of similar size, experts by layer; one fragment is the whole model.
+TEST(ParamSet, FragmentsCoverEveryTensorOnce) {
+  test::FakeModel m(4, 4, 16, 32, 40, 1);
+  const ParamSet& P = m.params;
+  ASSERT_EQ(P.fragments(1).size(), 1u);
+  EXPECT_EQ(P.fragments(1)[0].size(), P.size());
+  for (int count : {2, 3, 4}) {
+    const auto frags = P.fragments(count);
+    ASSERT_EQ(frags.size(), static_cast<std::size_t>(count));
+    std::vector<int> seen(P.size(), 0);
+    std::int64_t last_shared = -1;
+    for (int f = 0; f < count; ++f) {
+      std::int64_t shared = 0;
+      for (std::size_t i : frags[f]) {
+        ++seen[i];
+        if (P[i].is_expert()) {
+          EXPECT_EQ(P[i].layer * count / P.n_layers(), f) << P[i].name;
+        } else {
+          EXPECT_GT(static_cast<std::int64_t>(i), last_shared) << "shared tensors out of order";
+          last_shared = static_cast<std::int64_t>(i);
+          shared += P[i].numel;
+        }
+      }
+      EXPECT_GT(shared, 0) << count << " fragments: fragment " << f << " has no shared tensor";
+      // Whole tensors cannot be cut evenly; no fragment gets more than twice its share plus
+      // the largest tensor.
+      EXPECT_LE(shared, 2 * P.shared_numel() / count + 40 * 16) << count << " fragments";
+      // The slices of a fragment's shared tensors are contiguous and cover them exactly.
+      std::vector<std::size_t> shared_tensors;
+      for (std::size_t i : frags[f])
+        if (!P[i].is_expert()) shared_tensors.push_back(i);
+      std::int64_t sliced = 0;
+      for (int k = 0; k < 3; ++k)
+        for (const auto& r : P.shared_slice(k, 3, shared_tensors)) sliced += r.count;
+      EXPECT_EQ(sliced, shared);
+    }
+    for (std::size_t i = 0; i < P.size(); ++i) EXPECT_EQ(seen[i], 1) << P[i].name;
+  }
+  // More fragments than shared tensors is an error, not an empty fragment.
+  test::FakeModel one_layer(1, 2, 8, 8, 10, 1);  // 5 shared tensors
+  EXPECT_THROW(one_layer.params.fragments(6), Error);
+}
+
+// A fragment's round merges its layers for the merge step since that fragment's last round.
+TEST(Merge, StepInWindow) {
+  MergeConfig m;
+  m.alpha = 0.05;
+  m.every = 20;
+  m.horizon = 100;
+  EXPECT_EQ(merge_step_in(m, 0, 20), 20);
+  EXPECT_EQ(merge_step_in(m, 5, 25), 20);
+  EXPECT_EQ(merge_step_in(m, 20, 39), 0);
+  EXPECT_EQ(merge_step_in(m, 95, 115), 0);  // alpha is 0 from the horizon on
+}
+
 TEST(Merge, AlphaScheduleAndDueSteps) {
   MergeConfig m;
   m.alpha = 0.05;

@@ -75,6 +75,21 @@ TEST(Config, OverlapLandsBeforeTheNextRound) {
   EXPECT_NE(config_error(kMinimal, overlap).find("must be wait or skip, not 'later'"), std::string::npos);
   overlap.back() = "sync.late=skip";
   EXPECT_EQ(parse_config(kMinimal, "m.yaml", overlap).sync.late, "skip");
+  // Fragments: a round every every / fragments steps; tau defaults to a quarter of that and must
+  // stay below it.
+  overlap.back() = "sync.fragments=4";
+  const Config split = parse_config(kMinimal, "m.yaml", overlap);
+  EXPECT_EQ(split.sync.period(), 5);
+  EXPECT_EQ(split.sync.delay(), 1);
+  overlap.push_back("sync.max_delay=5");
+  const std::string too_late = config_error(kMinimal, overlap);
+  EXPECT_NE(too_late.find("less than sync.every / sync.fragments (5)"), std::string::npos) << too_late;
+  overlap.back() = "sync.fragments=3";
+  const std::string uneven = config_error(kMinimal, overlap);
+  EXPECT_NE(uneven.find("sync.fragments"), std::string::npos) << uneven;
+  EXPECT_NE(uneven.find("must divide sync.every (20)"), std::string::npos) << uneven;
+  overlap.back() = "sync.fragments=0";
+  EXPECT_NE(config_error(kMinimal, overlap).find("must be >= 1"), std::string::npos);
 }
 
 TEST(Config, ComplexKeysAreRefusedWithTheLine) {

@@ -28,7 +28,9 @@ struct Cluster {
   std::vector<std::unique_ptr<SyncEngine>> engines;  // null for nodes not started
   std::vector<std::vector<std::vector<float>>> before;
 
-  Cluster(int n, const std::string& extra = kInsecure, std::vector<bool> started = {}, double round_timeout_s = 20) {
+  // fragments > 1: sync.every = sync.fragments = fragments (a round every step, one fragment each).
+  Cluster(int n, const std::string& extra = kInsecure, std::vector<bool> started = {}, double round_timeout_s = 20,
+          int fragments = 1) {
     for (int i = 0; i < n; ++i) ports.push_back(test::free_port());
     for (int i = 0; i < n; ++i) {
       models.push_back(std::make_unique<FakeModel>(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab,
@@ -36,6 +38,7 @@ struct Cluster {
       const bool start = started.empty() || started[i];
       Config cfg = config(i, extra);
       cfg.sync.round_timeout_s = round_timeout_s;
+      cfg.sync.every = cfg.sync.fragments = fragments;
       engines.push_back(start ? std::make_unique<SyncEngine>(cfg, models[i]->params) : nullptr);
     }
   }
@@ -43,14 +46,17 @@ struct Cluster {
     return parse_config(test::node_yaml(i, ports, extra), fmt::format("node{}.yaml", i));
   }
   // Runs round r on every started node, or only on those in `only` (the others miss it).
-  std::vector<SyncRoundReport> round(std::uint64_t r, std::int64_t step = 1, std::vector<int> only = {}) {
+  std::vector<SyncRoundReport> round(std::uint64_t r, std::int64_t step = 1, std::vector<int> only = {},
+                                     int fragment = kWholeModel) {
     before.clear();
     for (auto& m : models) before.push_back(m->values());
     std::vector<std::future<SyncRoundReport>> calls;
     for (std::size_t i = 0; i < engines.size(); ++i) {
       auto& e = engines[i];
       if (!only.empty() && std::find(only.begin(), only.end(), static_cast<int>(i)) == only.end()) continue;
-      if (e) calls.push_back(std::async(std::launch::async, [&e, r, step] { return e->run_round(r, step); }));
+      if (e)
+        calls.push_back(std::async(std::launch::async,
+                                   [&e, r, step, fragment] { return e->run_round(r, step, 0, fragment); }));
     }
     std::vector<SyncRoundReport> out;
     for (auto& c : calls) out.push_back(c.get());
@@ -162,6 +168,65 @@ TEST(SyncEngine, NodeThatMissedARoundCatchesUpUnderInt8Deltas) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(next[i].skipped.empty());
   EXPECT_LT(next[3].bytes_in, back[3].bytes_in / 2);
   for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << "node " << i;
+}
+
+// sync.fragments: round r carries fragment (r - 1) % F only — the SPES result on its tensors,
+// the others untouched — so F rounds cover every tensor exactly once; the last round of a run
+// carries the whole model and leaves every node bit-identical. Lossy encodings keep their
+// baselines per fragment.
+TEST(SyncEngine, FragmentsSyncOnePartPerRoundAndTheWholeModelLast) {
+  constexpr int F = 3;
+  for (const char* enc : {"fp32", "int8_delta"}) {
+    Cluster c(4, fmt::format("{}  encoding: {{shared: {}, experts: {}}}\n", kInsecure, enc, enc), {}, 20, F);
+    const std::size_t n_tensors = c.models[0]->params.size();
+    std::vector<int> covered(n_tensors, 0);
+    for (std::uint64_t r = 1; r <= 2 * F; ++r) {
+      const int f = c.engines[0]->fragment_of(r, /*last=*/false);
+      ASSERT_EQ(f, static_cast<int>((r - 1) % F));
+      const auto& mine = c.engines[0]->tensors_of(f);
+      c.perturb(0.01f);
+      for (const auto& rep : c.round(r, static_cast<std::int64_t>(r), {}, f)) {
+        EXPECT_TRUE(rep.skipped.empty()) << enc << " round " << r;
+        EXPECT_EQ(rep.fragment, f);
+      }
+      const auto want = c.expected({0, 1, 2, 3}, 4);
+      for (std::size_t t = 0; t < n_tensors; ++t) {
+        const bool in_round = std::find(mine.begin(), mine.end(), t) != mine.end();
+        if (r <= F) covered[t] += in_round ? 1 : 0;
+        for (int i = 0; i < 4; ++i) {
+          const auto& got = c.models[i]->storage[t];
+          if (!in_round) {
+            EXPECT_TRUE(got == c.before[i][t]) << enc << " round " << r << " touched tensor " << t << " on node " << i;
+          } else if (std::string(enc) == "fp32") {
+            EXPECT_TRUE(got == want[t]) << "round " << r << " tensor " << t << " node " << i;
+          } else {
+            EXPECT_TRUE(got == c.models[0]->storage[t]) << "int8 round " << r << " tensor " << t << " node " << i;
+            for (std::size_t x = 0; x < got.size(); ++x) ASSERT_NEAR(got[x], want[t][x], 0.02);
+          }
+        }
+      }
+    }
+    for (std::size_t t = 0; t < n_tensors; ++t) EXPECT_EQ(covered[t], 1) << "tensor " << t;
+    // The last round: the whole model, the SPES result everywhere.
+    const std::uint64_t last = 2 * F + 1;
+    ASSERT_EQ(c.engines[0]->fragment_of(last, /*last=*/true), kWholeModel);
+    c.perturb(0.01f);
+    c.round(last, static_cast<std::int64_t>(last), {}, kWholeModel);
+    const auto want = c.expected({0, 1, 2, 3}, 4);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(c.models[i]->values() == c.models[0]->values()) << enc << " node " << i;
+      if (std::string(enc) == "fp32") EXPECT_TRUE(c.models[i]->values() == want) << "node " << i;
+    }
+    // And a fragment's round after it agrees everywhere again (int8: baselines from the whole
+    // round, no payload rejected).
+    c.perturb(0.01f);
+    const int f = c.engines[0]->fragment_of(last + 1, false);
+    for (const auto& rep : c.round(last + 1, static_cast<std::int64_t>(last + 1), {}, f))
+      EXPECT_TRUE(rep.skipped.empty()) << enc;
+    for (std::size_t t : c.engines[0]->tensors_of(f))
+      for (int i = 1; i < 4; ++i)
+        EXPECT_TRUE(c.models[i]->storage[t] == c.models[0]->storage[t]) << enc << " node " << i << " tensor " << t;
+  }
 }
 
 TEST(SyncEngine, OneNodeChangesNothing) {

@@ -124,15 +124,20 @@ struct SyncConfig : Credentials {
   // Overlap (docs/protocol.md, "Overlapped rounds"): a round runs on background threads while
   // training goes on and lands max_delay steps after its snapshot (0 = at once: a blocking round).
   bool overlap = false;
-  std::int64_t max_delay = -1;         // tau; -1 = every / 4
+  std::int64_t max_delay = -1;         // tau; -1 = period() / 4
+  // Fragments (docs/protocol.md, "Fragments"): the model split into this many parts synced on a
+  // staggered schedule, one part every every / fragments steps (each part every `every` steps).
+  std::int64_t fragments = 1;
   // A round not done when it is due to land: "wait" for the rest of it (bounded by
   // round_timeout_s), or "skip": its deadline is tau steps of training, peers that miss it are
   // skipped, and training never waits for the network.
   std::string late = "wait";
 
   bool enabled() const { return every > 0; }
+  // Steps between two rounds: every / fragments (each fragment is synced every `every` steps).
+  std::int64_t period() const { return fragments > 0 ? every / fragments : every; }
   // The steps after its snapshot at which a round lands (0 without overlap).
-  std::int64_t delay() const { return overlap ? (max_delay < 0 ? every / 4 : max_delay) : 0; }
+  std::int64_t delay() const { return overlap ? (max_delay < 0 ? period() / 4 : max_delay) : 0; }
   std::string effective_run_id(const RunConfig& run) const { return run_id.empty() ? run.name : run_id; }
 };
 

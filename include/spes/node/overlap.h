@@ -5,7 +5,8 @@
 //   trained parameters:  theta <- R + (theta_now - theta_snap)
 //   the others:          theta <- R            (they did not change since the snapshot)
 // where R is the round's result. Landing at the snapshot's own step writes R as a blocking
-// round does, bit for bit. The optimizer state is not touched.
+// round does, bit for bit. The optimizer state is not touched. A round of one fragment
+// (sync.fragments) snapshots, and lands on, that fragment's parameters only.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "spes/model/transformer.h"
 #include "spes/sync/engine.h"
 #include "spes/sync/model_params.h"
 
@@ -22,11 +22,11 @@ namespace spes {
 
 class RoundInFlight {
  public:
-  // Takes the snapshot and starts engine.run_round(round, step, timeout_s) on its own thread.
-  // The mirror must be staged (its buffers a copy, not the parameters). It lands at step
-  // `land_step`.
-  RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, MoeTransformer& model, std::uint64_t round,
-                std::int64_t step, std::int64_t land_step, double timeout_s = 0);
+  // Takes the snapshot and starts engine.run_round(round, step, timeout_s, fragment) on its own
+  // thread. The mirror must be staged (its buffers a copy, not the parameters). It lands at
+  // step `land_step`.
+  RoundInFlight(SyncEngine& engine, ModelParamMirror& mirror, std::uint64_t round, std::int64_t step,
+                std::int64_t land_step, double timeout_s = 0, int fragment = kWholeModel);
   // Waits for the round (its result is dropped) so the engine is free again.
   ~RoundInFlight();
   RoundInFlight(const RoundInFlight&) = delete;
@@ -35,6 +35,7 @@ class RoundInFlight {
   std::uint64_t round() const { return round_; }
   std::int64_t snapshot_step() const { return step_; }
   std::int64_t land_step() const { return land_step_; }
+  int fragment() const { return fragment_; }
   bool done() const;
 
   struct Landed {
@@ -52,11 +53,15 @@ class RoundInFlight {
   std::int64_t snapshot_bytes() const;
 
  private:
+  // The round's tensors for the mirror's copies; null for the whole model (one transfer).
+  const std::vector<std::size_t>* subset() const;
+
   ModelParamMirror& mirror_;
-  MoeTransformer model_;
+  std::vector<std::size_t> tensors_;   // what the round reads and writes (ParamSet indices)
   std::uint64_t round_;
   std::int64_t step_, land_step_;
-  std::vector<at::Tensor> trained_;    // the model's parameters that require grad
+  int fragment_;
+  std::vector<at::Tensor> trained_;    // the round's parameters that require grad
   std::vector<at::Tensor> snapshot_;   // their values at the snapshot, same device and dtype
   std::future<SyncRoundReport> result_;
 };

@@ -36,9 +36,13 @@ struct PeerBytes {
   std::uint64_t out_total = 0;  // payload bytes this node's service has sent it so far
 };
 
+// The fragment argument of a round that carries the whole model.
+inline constexpr int kWholeModel = -1;
+
 struct SyncRoundReport {
   std::uint64_t round = 0;
   std::int64_t step = 0;
+  int fragment = kWholeModel;     // what the round carried (sync.fragments)
   double seconds = 0;
   std::uint64_t bytes_in = 0;     // payload bytes this node received this round
   std::uint64_t bytes_out = 0;    // payload bytes its service has sent so far (all rounds)
@@ -53,6 +57,9 @@ struct SyncMembership {
   std::uint64_t plan = 0;         // plan version, checked on every call (0 = static peers)
   std::uint64_t first_round = 1;  // the plan's first round (effective_round): earlier ones are not served
   std::vector<int> observers;     // ids of the nodes catching up from first_round (see finish())
+  // The plan's first round as every member sees it (effective_round; 0 = none): with fragments
+  // it carries the whole model, so that a node catching up from it gets everything.
+  std::uint64_t whole_round = 0;
 };
 
 class SyncEngine {
@@ -67,8 +74,19 @@ class SyncEngine {
 
   // Runs round `round` (1, 2, ...) at optimizer step `step`; returns when this node holds the
   // round's result. Throws only on internal errors: peers' failures become skips. `timeout_s`:
-  // the round's deadline from now (0 = sync.round_timeout_s).
-  SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s = 0);
+  // the round's deadline from now (0 = sync.round_timeout_s). `fragment`: what the round carries,
+  // as fragment_of() says (every node must pass the same); kWholeModel = every parameter.
+  SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s = 0,
+                            int fragment = kWholeModel);
+
+  // sync.fragments (docs/protocol.md, "Fragments"): 1 = every round carries the whole model.
+  int fragments() const;
+  // What round `round` carries: fragment (round - 1) % fragments, or kWholeModel when there is
+  // one fragment, for the plan's first round (SyncMembership::whole_round) and for the run's
+  // last round (`last`), which leaves every node with the same weights.
+  int fragment_of(std::uint64_t round, bool last) const;
+  // The tensors (ParamSet indices, ascending) a round of `fragment` reads and writes.
+  const std::vector<std::size_t>& tensors_of(int fragment) const;
 
   // Before leaving: waits (up to timeout_s) until every peer, and every observer, has fetched its
   // part of the last round from this node, so that a node finishing (or switching plans) first

@@ -24,7 +24,12 @@ bool merge_due(const MergeConfig& config, std::int64_t step);
 std::vector<std::vector<int>> most_similar_experts(const std::vector<const float*>& gate, std::int64_t numel,
                                                    int top_k);
 
-// Applies the merge to every layer of `params` in place. top_k is capped at n_experts - 1.
-void merge_experts(const ParamSet& params, double alpha, int top_k);
+// The latest step in (after, upto] at which a merge is due, or 0. A fragment's round (sync.fragments)
+// merges its layers for the merge step that fell since that fragment's previous round.
+std::int64_t merge_step_in(const MergeConfig& config, std::int64_t after, std::int64_t upto);
+
+// Applies the merge in place to the given layers of `params` (empty: every layer). top_k is
+// capped at n_experts - 1.
+void merge_experts(const ParamSet& params, double alpha, int top_k, const std::vector<int>& layers = {});
 
 }  // namespace spes

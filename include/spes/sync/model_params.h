@@ -8,6 +8,9 @@
 #pragma once
 
 #include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "spes/model/transformer.h"
 #include "spes/sync/params.h"
@@ -27,10 +30,14 @@ class ModelParamMirror {
   // True when the buffers are a host copy (GPU, or non-fp32 parameters), false when they are
   // the parameters' own storage.
   bool staged() const;
-  // Model → buffers (before a round); a no-op when not staged.
-  void to_host();
-  // Buffers → model (after a round), converting to each parameter's dtype; a no-op when not staged.
-  void to_model();
+  // Model → buffers (before a round); a no-op when not staged. `only`: just these parameters
+  // (ParamSet indices; a round of one fragment), each its own transfer; null = all at once.
+  void to_host(const std::vector<std::size_t>* only = nullptr);
+  // Buffers → model (after a round), converting to each parameter's dtype; a no-op when not
+  // staged. `only` as for to_host().
+  void to_model(const std::vector<std::size_t>* only = nullptr);
+  // The model parameter behind params()[i].
+  const at::Tensor& parameter(std::size_t i) const;
 
  private:
   struct Host;

@@ -48,6 +48,13 @@ class ParamSet {
   // Slice k of n of the shared parameters: the flat concatenation of every shared tensor in
   // registration order, cut into n nearly equal element ranges.
   std::vector<ParamRange> shared_slice(int k, int n) const;
+  // The same over some of the shared tensors only (indices into params(), in registration order).
+  std::vector<ParamRange> shared_slice(int k, int n, const std::vector<std::size_t>& tensors) const;
+  // The model cut into `count` fragments for staggered rounds (sync.fragments): per fragment the
+  // indices of its tensors. Shared tensors go whole, in registration order, into fragments of
+  // nearly equal element counts; experts by layer (layer l into fragment l * count / n_layers).
+  // Every tensor is in exactly one fragment; with count 1 all are in fragment 0.
+  std::vector<std::vector<std::size_t>> fragments(int count) const;
   // The tensors of expert e in layer l (gate/up/down order as registered).
   std::vector<std::size_t> expert_tensors(int layer, int expert) const;
   int n_layers() const { return n_layers_; }

@@ -16,6 +16,7 @@ insecure: true
 assignment: contiguous
 set:
 $set_lines
+  sync.deadline_factor: 0   # the fixed sync.round_timeout_s: a node slowed by other work on this machine is waited for, never skipped
 coordinator: {address: 127.0.0.1:$port, heartbeat_s: 2, dead_after_s: 60, grace_s: 60}
 nodes:
   - {id: 0, address: 127.0.0.1:$((port + 1))}

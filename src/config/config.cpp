@@ -298,6 +298,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   enc.finish();
   r.get("chunk_bytes", c.chunk_bytes);
   r.get("round_timeout_s", c.round_timeout_s);
+  r.get("deadline_factor", c.deadline_factor);
+  r.get("min_round_timeout_s", c.min_round_timeout_s);
   r.get("peer_wait_s", c.peer_wait_s);
   r.get("retry_backoff_s", c.retry_backoff_s);
   r.get("max_rel_change", c.max_rel_change);
@@ -310,6 +312,9 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.every < 0) r.fail("every", "must be >= 0 (0 = no synchronization)");
   if (c.chunk_bytes < 4096 || c.chunk_bytes > (64 << 20)) r.fail("chunk_bytes", "must be between 4096 and 64 MiB");
   if (c.round_timeout_s <= 0) r.fail("round_timeout_s", "must be positive");
+  if (c.deadline_factor != 0 && !(c.deadline_factor >= 1))
+    r.fail("deadline_factor", "must be 0 (a fixed deadline: round_timeout_s) or >= 1 (a multiple of the slowest recent round)");
+  if (!(c.min_round_timeout_s > 0)) r.fail("min_round_timeout_s", "must be positive");
   if (c.peer_wait_s < 0) r.fail("peer_wait_s", "must be >= 0");
   if (c.retry_backoff_s < 0) r.fail("retry_backoff_s", "must be >= 0");
   if (c.max_rel_change <= 0) r.fail("max_rel_change", "must be positive");

@@ -519,7 +519,8 @@ class NodeDaemon {
                                    {"bytes_in", r.bytes_in}, {"bytes_out_total", bytes_out_ + r.bytes_out},
                                    {"skipped", skipped}, {"by_peer", by_peer}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
                                    {"plan", plan_.version}, {"members", plan_.members.size()},
-                                   {"landed_step", r.step + delay}, {"delay", delay}, {"fragment", r.fragment}}
+                                   {"landed_step", r.step + delay}, {"delay", delay}, {"fragment", r.fragment},
+                                   {"deadline_s", r.deadline_s}, {"resumed_streams", r.resumed_streams}}
                         .dump());
     }
     if (heartbeat_)

@@ -73,6 +73,12 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const Syn
                      static_cast<double>(delay));
   server_->set_counter("spes_sync_rounds_total", "Sync rounds completed", static_cast<double>(rounds_));
   server_->set_counter("spes_sync_round_seconds_total", "Wall time spent in sync rounds", round_seconds_);
+  server_->set_gauge("spes_sync_round_deadline_seconds",
+                     "Deadline of the last round (adaptive: sync.deadline_factor x the slowest recent clean round)",
+                     r.deadline_s);
+  resumed_ += static_cast<double>(r.resumed_streams);
+  server_->set_counter("spes_sync_resumed_streams_total",
+                       "Transfers that broke off mid-stream and resumed at the chunk they had reached", resumed_);
   for (const auto& b : r.by_peer) {
     const MetricLabels peer{{"peer", std::to_string(b.peer)}};
     received_[b.peer] += static_cast<double>(b.in);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "payload.h"
+#include "round_deadline.h"
 #include "spes/sync/merge.h"
 #include "spes/util/error.h"
 #include "spes/util/signals.h"
@@ -86,9 +87,15 @@ struct SyncEngine::Impl {
   std::atomic<std::uint64_t> bytes_in{0};
   std::unique_ptr<std::atomic<std::uint64_t>[]> peer_bytes_in;  // per peer, this round
   std::array<std::atomic<std::uint64_t>, 4> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
+  std::atomic<std::uint64_t> resumed{0};                // streams resumed mid-way, this round
+  RoundDeadline deadlines;                              // when timeout_s is 0: from measured rounds
 
   Impl(const Config& c, ParamSet p, SyncMembership m)
-      : config(c), params(std::move(p)), membership(std::move(m)), store(membership.first_round) {
+      : config(c),
+        params(std::move(p)),
+        membership(std::move(m)),
+        store(membership.first_round),
+        deadlines(c.sync.deadline_factor, c.sync.min_round_timeout_s, c.sync.round_timeout_s) {
     transport = transport_settings(config);
     transport.plan = membership.plan;
     n = static_cast<int>(config.sync.peers.size());
@@ -250,13 +257,16 @@ struct SyncEngine::Impl {
     // sync.peer_wait_s; for a peer skipped last round (likely dead) for at most a second, so a
     // dead peer costs little while one that is merely late still gets back in.
     const double wait_s = suspect[peer] ? std::min(1.0, config.sync.peer_wait_s) : config.sync.peer_wait_s;
-    const auto give_up = observer ? deadline
+    auto give_up = observer ? deadline
                                   : std::min(deadline, Clock::now() + std::chrono::milliseconds(
                                                                           static_cast<std::int64_t>(wait_s * 1000)));
     // An observer's copy is stale by design, so the norm-change bound does not apply to it (the
     // other checks do). Its round is a plan's first, which is sent in fp32: no baseline needed.
     const double max_rel_change = observer ? std::numeric_limits<double>::infinity() : config.sync.max_rel_change;
     double backoff = config.sync.retry_backoff_s;
+    // One receiver across retries: a stream that broke off resumes at the chunk it reached.
+    StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
+                            model_values(ranges), max_rel_change);
     while (true) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
@@ -270,8 +280,13 @@ struct SyncEngine::Impl {
       request.set_requester(static_cast<std::uint32_t>(config.run.node_id));
       request.set_plan(transport.plan);
       request.set_baseline_round(base_of(fb, part, peer, slice));
-      StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
-                              model_values(ranges), max_rel_change);
+      const std::uint32_t resume_at = receiver.chunks_received();
+      request.set_first_chunk(resume_at);
+      if (resume_at > 0) {
+        resumed++;
+        spdlog::info("sync: round {}: resuming the stream from node {} at chunk {}", round,
+                     config.sync.peers[peer].id, resume_at);
+      }
       auto reader = stubs[peer]->Fetch(&context, request);
       spes::v1::TensorChunk chunk;
       std::string invalid;
@@ -311,6 +326,14 @@ struct SyncEngine::Impl {
       const auto code = status.error_code();
       const bool transient = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
                              code == grpc::StatusCode::OUT_OF_RANGE;
+      if (receiver.chunks_received() > resume_at) {
+        // The link broke mid-transfer after moving data: a fresh retry window (still within the
+        // round's deadline) and a fresh back-off, since the peer itself is alive.
+        give_up = observer ? deadline
+                           : std::min(deadline, Clock::now() + std::chrono::milliseconds(
+                                                                   static_cast<std::int64_t>(wait_s * 1000)));
+        backoff = config.sync.retry_backoff_s;
+      }
       const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
       if (!transient || retry_at >= give_up || stop_requested()) {
         out.reason = fmt::format("{} ({})", status.error_message(), static_cast<int>(status.error_code()));
@@ -438,17 +461,20 @@ struct SyncEngine::Impl {
     Feedback& fb = feedback[which];
     last_parts = which;
     const auto t0 = Clock::now();
-    if (timeout_s <= 0) timeout_s = config.sync.round_timeout_s;
+    const bool adaptive = timeout_s <= 0;
+    if (adaptive) timeout_s = deadlines.next();
     const auto deadline = t0 + std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     // A peer that never answers must not use up the whole round: the reduce step gets half.
     const auto reduce_deadline = t0 + (deadline - t0) / 2;
     const std::uint64_t in0 = bytes_in.load();
     for (int j = 0; j < n; ++j) peer_bytes_in[j] = 0;
+    resumed = 0;
     const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
     SyncRoundReport report;
     report.round = round;
     report.step = step;
     report.fragment = which == 0 ? kWholeModel : static_cast<int>(which) - 1;
+    report.deadline_s = timeout_s;
     std::vector<std::string> failure(static_cast<std::size_t>(n));  // first reason per peer
 
     // 1. Publish snapshot r.
@@ -567,6 +593,14 @@ struct SyncEngine::Impl {
       report.by_peer.push_back({label(j), peer_bytes_in[j].load(), it == sent_to.end() ? 0 : it->second});
     }
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    report.resumed_streams = resumed.load();
+    if (adaptive) {
+      bool slow_link = false;
+      for (const auto& skip : report.skipped)
+        for (int j = 0; j < n; ++j)
+          if (label(j) == skip.peer && peer_bytes_in[j].load() > 0) slow_link = true;
+      deadlines.record(report.seconds, report.skipped.empty(), slow_link);
+    }
     return report;
   }
 };

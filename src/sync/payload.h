@@ -47,6 +47,8 @@ class StreamReceiver {
   void finish();
   std::vector<float>& values() { return values_; }
   const std::vector<std::uint32_t>& contributors() const { return contributors_; }
+  // Chunks accepted so far: where a broken-off stream resumes (FetchRequest.first_chunk).
+  std::uint32_t chunks_received() const { return next_index_; }
 
  private:
   StreamHeader expected_;

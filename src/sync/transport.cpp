@@ -94,6 +94,8 @@ grpc::ChannelArguments channel_arguments(const TransportSettings& s) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   return args;
 }
 
@@ -148,8 +150,14 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       case RoundStore::Lookup::Cancelled: return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     }
     stream = stream_for(stream, request->baseline_round());
-    std::uint64_t sent = 0;
-    for (const auto& chunk : stream->chunks) {
+    const std::size_t first = request->first_chunk();
+    if (first > 0 && first >= stream->chunks.size())
+      return refuse(grpc::StatusCode::INVALID_ARGUMENT, "first chunk " + std::to_string(first) + " of a stream of " +
+                                                            std::to_string(stream->chunks.size()));
+    std::uint64_t sent = 0, due = 0;
+    for (std::size_t c = first; c < stream->chunks.size(); ++c) due += stream->chunks[c].ByteSizeLong();
+    for (std::size_t c = first; c < stream->chunks.size(); ++c) {
+      const auto& chunk = stream->chunks[c];
       const bool written = writer->Write(chunk);
       if (!written) break;
       sent += chunk.ByteSizeLong();
@@ -161,7 +169,7 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       std::lock_guard lock(owner_.sent_mutex_);
       owner_.sent_to_[request->requester()] += sent;
     }
-    if (sent < stream->bytes) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    if (sent < due) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     owner_.store_.count_served(request->round(), {request->requester(), part, request->slice()});
     return grpc::Status::OK;
   }
@@ -192,6 +200,10 @@ void SyncServer::start(const std::string& listen_address) {
   builder.AddListeningPort(listen_address, server_credentials(settings_), &port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.SetMaxSendMessageSize(static_cast<int>(settings_.chunk_bytes) + (1 << 20));
+  // Accept the peers' keepalive pings (gRPC's default would answer pings more often than every
+  // 5 minutes with GOAWAY "too_many_pings").
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveTimeMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0)

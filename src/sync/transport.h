@@ -21,6 +21,11 @@ namespace spes::sync_detail {
 inline constexpr const char* kTokenHeader = "x-spes-token";
 // Requests are tiny; anything bigger is refused by gRPC with RESOURCE_EXHAUSTED.
 inline constexpr int kMaxRequestBytes = 64 << 10;
+// HTTP/2 keepalive on peer channels: a link that goes silent mid-transfer (a black-holed route, a
+// peer frozen) is found within kKeepaliveTimeMs + kKeepaliveTimeoutMs, not after TCP's
+// retransmission timeout of many minutes; the call then fails and the fetch resumes.
+inline constexpr int kKeepaliveTimeMs = 10'000;
+inline constexpr int kKeepaliveTimeoutMs = 20'000;
 
 struct TransportSettings {
   bool insecure = false;

@@ -92,6 +92,27 @@ TEST(Config, OverlapLandsBeforeTheNextRound) {
   EXPECT_NE(config_error(kMinimal, overlap).find("must be >= 1"), std::string::npos);
 }
 
+TEST(Config, RoundDeadlineSettingsAreChecked) {
+  const std::vector<std::string> sync = {"sync.every=20", "sync.token=t", "sync.insecure=true",
+                                         "sync.peers=[{id: 0, address: '127.0.0.1:1'}, {id: 1, address: '127.0.0.1:2'}]"};
+  const Config c = parse_config(kMinimal, "m.yaml", sync);
+  EXPECT_EQ(c.sync.deadline_factor, 4);
+  EXPECT_EQ(c.sync.min_round_timeout_s, 30);
+  auto with = [&](const std::string& kv) {
+    auto v = sync;
+    v.push_back(kv);
+    return config_error(kMinimal, v);
+  };
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", [&] { auto v = sync; v.push_back("sync.deadline_factor=0"); return v; }())
+                .sync.deadline_factor, 0);  // 0: the fixed round_timeout_s
+  const std::string weak = with("sync.deadline_factor=0.5");
+  EXPECT_NE(weak.find("sync.deadline_factor"), std::string::npos) << weak;
+  EXPECT_NE(weak.find("must be 0"), std::string::npos) << weak;
+  const std::string floor = with("sync.min_round_timeout_s=0");
+  EXPECT_NE(floor.find("sync.min_round_timeout_s"), std::string::npos) << floor;
+  EXPECT_NE(floor.find("must be positive"), std::string::npos) << floor;
+}
+
 TEST(Config, ComplexKeysAreRefusedWithTheLine) {
   // Found by fuzz_config: a mapping used as a key made yaml-cpp throw past the config loader.
   const std::string msg = config_error(std::string(kMinimal) + "? {a: 1}\n: 2\n");

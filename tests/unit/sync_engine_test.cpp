@@ -9,7 +9,9 @@
 #include <memory>
 #include <thread>
 
+#include "../../src/sync/round_deadline.h"
 #include "../../src/sync/transport.h"
+#include "cut_proxy.h"
 #include "spes/sync/engine.h"
 #include "spes/util/error.h"
 #include "spes/v1/sync.grpc.pb.h"
@@ -257,6 +259,83 @@ TEST(SyncEngine, DeadPeerIsSkippedAndTheOthersFinish) {
   EXPECT_EQ(c.engines[0]->skip_counts()[2], 2u);
 }
 
+TEST(SyncEngine, AStreamCutMidwayResumesAtTheChunkItReached) {
+  const std::string extra = std::string(kInsecure) + "  chunk_bytes: 4096\n";  // many chunks per stream
+  // The reference: the same two nodes over a direct link.
+  Cluster direct(2, extra);
+  const auto want = direct.round(1);
+  ASSERT_TRUE(want[0].skipped.empty());
+  ASSERT_GT(want[0].bytes_in, 8u * 4096u);
+  // Again, with node 0 pulling from node 1 through a proxy that cuts the link once, halfway.
+  const int p0 = test::free_port(), p1 = test::free_port();
+  test::CutProxy proxy(p1, want[0].bytes_in / 2);
+  FakeModel m0(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 100);
+  FakeModel m1(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 101);
+  SyncEngine e0(parse_config(test::node_yaml(0, {p0, proxy.port()}, extra), "node0.yaml"), m0.params);
+  SyncEngine e1(parse_config(test::node_yaml(1, {p0, p1}, extra), "node1.yaml"), m1.params);
+  auto r1 = std::async(std::launch::async, [&] { return e1.run_round(1, 1); });
+  const SyncRoundReport r0 = e0.run_round(1, 1);
+  r1.get();
+  EXPECT_TRUE(proxy.cut());
+  EXPECT_GE(proxy.connections(), 2);
+  EXPECT_TRUE(r0.skipped.empty()) << r0.skipped[0].reason;
+  EXPECT_GE(r0.resumed_streams, 1u);
+  // Resumed, not restarted: not one chunk came twice, and the result is the direct one.
+  EXPECT_EQ(r0.bytes_in, want[0].bytes_in);
+  EXPECT_EQ(m0.values(), direct.models[0]->values());
+  EXPECT_EQ(m1.values(), direct.models[1]->values());
+}
+
+TEST(RoundDeadline, FollowsTheSlowestRecentCleanRoundWithinItsBounds) {
+  sync_detail::RoundDeadline d(4, 2, 100, 3);
+  EXPECT_EQ(d.next(), 100);  // nothing measured yet: the ceiling
+  d.record(0.1, true, false);
+  EXPECT_EQ(d.next(), 2);  // 4 x 0.1 is under the floor
+  d.record(5, true, false);
+  d.record(1, true, false);
+  EXPECT_EQ(d.next(), 20);  // 4 x the slowest of the window
+  d.record(30, false, false);  // a silent peer skipped: unchanged, not measured
+  EXPECT_EQ(d.next(), 20);
+  d.record(30, false, true);  // a slow link: doubles
+  EXPECT_EQ(d.next(), 40);
+  d.record(30, false, true);
+  d.record(30, false, true);
+  EXPECT_EQ(d.next(), 100);  // capped by the ceiling
+  d.record(1, true, false);  // clean again: the back-off is gone; the window holds 5, 1, 1
+  EXPECT_EQ(d.next(), 20);
+  d.record(1, true, false);  // 5 s leaves the window of 3
+  EXPECT_EQ(d.next(), 4);
+  sync_detail::RoundDeadline fixed(0, 2, 100);
+  fixed.record(0.1, true, false);
+  EXPECT_EQ(fixed.next(), 100);
+  EXPECT_EQ(sync_detail::RoundDeadline(4, 300, 100).next(), 100);
+}
+
+TEST(SyncEngine, DeadlineAdaptsToMeasuredRoundTimes) {
+  // round_timeout_s 20, floor 2 s: once rounds are measured, a peer that misses a round costs
+  // the others max(2 s, 4 x their slowest clean round), not 20 s.
+  Cluster c(4, std::string(kInsecure) + "  min_round_timeout_s: 2\n");
+  const auto r1 = c.round(1);
+  const auto r2 = c.round(2, 2);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(r1[i].skipped.empty() && r2[i].skipped.empty());
+    EXPECT_EQ(r1[i].deadline_s, 20);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r3 = c.round(3, 3, {0, 1, 2});  // node 3 misses round 3
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < 3; ++i) {
+    const double want = std::clamp(4 * std::max(r1[i].seconds, r2[i].seconds), 2.0, 20.0);
+    EXPECT_DOUBLE_EQ(r3[i].deadline_s, want) << "node " << i;
+    ASSERT_EQ(r3[i].skipped.size(), 1u);
+    EXPECT_EQ(r3[i].skipped[0].peer, 3);
+  }
+  EXPECT_LT(took, 15);
+  // Everyone back at round 4: no one is left out for good.
+  const auto r4 = c.round(4, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(r4[i].skipped.empty()) << "node " << i;
+}
+
 TEST(SyncEngine, PoisonedPayloadIsRejectedAndLeavesWeights) {
   Cluster c(4);
   // Node 3 turns hostile: NaN experts and absurd shared weights.
@@ -311,7 +390,12 @@ TEST(SyncEngine, HostileClientsAreRefused) {
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(call("sesame", [](auto& r) { r.set_run_id(std::string(1 << 20, 'x')); }).first,
             grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_GE(c.engines[0]->calls_refused(), 5u);
+  // Resuming a broken-off stream: from its chunk k on, and no chunk past its end.
+  const int chunks = call("sesame", nothing).second;
+  EXPECT_EQ(call("sesame", [&](auto& r) { r.set_first_chunk(chunks - 1); }), std::pair(grpc::StatusCode::OK, 1));
+  EXPECT_EQ(call("sesame", [&](auto& r) { r.set_first_chunk(chunks); }),
+            std::pair(grpc::StatusCode::INVALID_ARGUMENT, 0));
+  EXPECT_GE(c.engines[0]->calls_refused(), 6u);
   EXPECT_EQ(c.models[0]->values(), before);
 }
 

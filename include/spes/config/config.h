@@ -117,6 +117,11 @@ struct SyncConfig : Credentials {
   WireEncoding expert_encoding = WireEncoding::Fp32;
   std::int64_t chunk_bytes = 4 << 20;  // payload bytes per streamed message
   double round_timeout_s = 600;        // a peer not answering within this is skipped this round
+  // Adaptive deadline (docs/protocol.md, "Round deadline"): a round's deadline is deadline_factor ×
+  // the slowest recent clean round, at least min_round_timeout_s and at most round_timeout_s
+  // (0 = always round_timeout_s).
+  double deadline_factor = 4;
+  double min_round_timeout_s = 30;
   double peer_wait_s = 30;             // a peer refusing connections is retried this long (start-up skew)
   double retry_backoff_s = 0.2;        // first back-off between those retries, doubled up to 2 s
   double max_rel_change = 1.0;         // reject a tensor with |new - current| > this * |current|

@@ -46,7 +46,7 @@ class NodeMetrics {
 
  private:
   std::unique_ptr<MetricsServer> server_;
-  double tokens_ = 0, round_seconds_ = 0;
+  double tokens_ = 0, round_seconds_ = 0, resumed_ = 0;
   std::uint64_t rounds_ = 0, checkpoints_ = 0, refused_before_ = 0, refused_last_ = 0;
   std::map<int, double> received_, sent_, sent_last_;  // per peer: totals, and the engine's last figure
   std::map<std::pair<int, std::string>, double> skips_;

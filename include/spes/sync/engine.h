@@ -44,6 +44,8 @@ struct SyncRoundReport {
   std::int64_t step = 0;
   int fragment = kWholeModel;     // what the round carried (sync.fragments)
   double seconds = 0;
+  double deadline_s = 0;          // the deadline it ran under (docs/protocol.md, "Round deadline")
+  std::uint64_t resumed_streams = 0;  // transfers that broke off and resumed at the chunk reached
   std::uint64_t bytes_in = 0;     // payload bytes this node received this round
   std::uint64_t bytes_out = 0;    // payload bytes its service has sent so far (all rounds)
   std::vector<PeerSkip> skipped;  // peers skipped this round and why
@@ -74,7 +76,8 @@ class SyncEngine {
 
   // Runs round `round` (1, 2, ...) at optimizer step `step`; returns when this node holds the
   // round's result. Throws only on internal errors: peers' failures become skips. `timeout_s`:
-  // the round's deadline from now (0 = sync.round_timeout_s). `fragment`: what the round carries,
+  // the round's deadline from now (0 = adaptive: sync.deadline_factor × the slowest recent clean
+  // round, within [sync.min_round_timeout_s, sync.round_timeout_s]). `fragment`: what it carries,
   // as fragment_of() says (every node must pass the same); kWholeModel = every parameter.
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s = 0,
                             int fragment = kWholeModel);

@@ -15,6 +15,7 @@
 #include "round_deadline.h"
 #include "spes/sync/merge.h"
 #include "spes/util/error.h"
+#include "spes/util/log.h"
 #include "spes/util/signals.h"
 #include "transport.h"
 
@@ -336,7 +337,7 @@ struct SyncEngine::Impl {
       }
       const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
       if (!transient || retry_at >= give_up || stop_requested()) {
-        out.reason = fmt::format("{} ({})", status.error_message(), static_cast<int>(status.error_code()));
+        out.reason = fmt::format("{} ({})", printable(status.error_message()), static_cast<int>(status.error_code()));
         return out;
       }
       std::this_thread::sleep_until(retry_at);

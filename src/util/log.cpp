@@ -1,5 +1,7 @@
 #include "spes/util/log.h"
 
+#include <algorithm>
+
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -28,6 +30,14 @@ void init_logging(const std::string& level, const std::string& file) {
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %v");
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
+}
+
+std::string printable(std::string_view text, std::size_t max_chars) {
+  std::string out;
+  out.reserve(std::min(text.size(), max_chars) + 3);
+  for (const char c : text.substr(0, max_chars)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (text.size() > max_chars) out += "...";
+  return out;
 }
 
 }  // namespace spes

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "spes/util/log.h"
 #include "spes/util/error.h"
 #include "spes/util/metrics_server.h"
 #include "spes/util/fs.h"
@@ -136,5 +137,15 @@ TEST(MetricsServer, APortInUseIsAnIoErrorNamingTheAddress) {
   }
 }
 
+}  // namespace
+}  // namespace spes
+
+namespace spes {
+namespace {
+TEST(Log, PeerTextIsMadePrintableAndCut) {
+  EXPECT_EQ(printable("round 3 is gone"), "round 3 is gone");
+  EXPECT_EQ(printable(std::string("a\x01\nb\x1b[31m\xff", 10)), "a??b?[31m?");
+  EXPECT_EQ(printable(std::string(300, 'x'), 10), std::string(10, 'x') + "...");
+}
 }  // namespace
 }  // namespace spes

@@ -3,11 +3,16 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace spes {
 
 // level: trace|debug|info|warn|error. file: empty for terminal only.
 // Throws Error(Usage) on an unknown level, Error(Io) when the file cannot be opened.
 void init_logging(const std::string& level, const std::string& file = "");
+
+// Text that came from the network (a peer's error message) made safe to log: control bytes and
+// bytes outside printable ASCII become '?', and it is cut at max_chars.
+std::string printable(std::string_view text, std::size_t max_chars = 200);
 
 }  // namespace spes

@@ -23,31 +23,14 @@ for kv in ${SPES_SET:-}; do extra+=(--set "$kv"); done
 OUT=runs/link-bench
 SPES=$PWD/build/spes
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
-[[ $(id -u) -eq 0 ]] || { echo "link_bench needs root for ip netns and tc" >&2; exit 2; }
-NS=(spes_lb0 spes_lb1)
-IP=(10.77.0.1 10.77.0.2)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-cleanup
-
-for i in 0 1; do ip netns add "${NS[$i]}"; done
-ip link add lb0 type veth peer name lb1
-for i in 0 1; do
-  ip link set "lb$i" netns "${NS[$i]}"
-  ip -n "${NS[$i]}" addr add "${IP[$i]}/24" dev "lb$i"
-  ip -n "${NS[$i]}" link set "lb$i" up
-  ip -n "${NS[$i]}" link set lo up
-  # Egress shaping on both ends: RATE in each direction of the full-duplex link.
-  ip netns exec "${NS[$i]}" tc qdisc add dev "lb$i" root tbf rate "${RATE}mbit" burst 64kb latency 50ms
-done
+NETNS_PREFIX=spes_lb
+source scripts/netns_lib.sh
+trap netns_down EXIT
+netns_down
+netns_up "$RATE"
 use_proxy=1
-if ip netns exec "${NS[0]}" tc qdisc replace dev lb0 root netem delay "${DELAY}ms" rate "${RATE}mbit" 2>/dev/null &&
-   ip netns exec "${NS[1]}" tc qdisc replace dev lb1 root netem delay "${DELAY}ms" rate "${RATE}mbit" 2>/dev/null; then
+if ip netns exec "${NS[0]}" tc qdisc replace dev "${NS[0]}v" root netem delay "${DELAY}ms" rate "${RATE}mbit" 2>/dev/null &&
+   ip netns exec "${NS[1]}" tc qdisc replace dev "${NS[1]}v" root netem delay "${DELAY}ms" rate "${RATE}mbit" 2>/dev/null; then
   use_proxy=0
   latency_note="netem: ${DELAY} ms each way"
 else

@@ -281,6 +281,7 @@ struct SyncEngine::Impl {
       request.set_requester(static_cast<std::uint32_t>(config.run.node_id));
       request.set_plan(transport.plan);
       request.set_baseline_round(base_of(fb, part, peer, slice));
+      const auto attempt_start = Clock::now();
       const std::uint32_t resume_at = receiver.chunks_received();
       request.set_first_chunk(resume_at);
       if (resume_at > 0) {
@@ -327,9 +328,10 @@ struct SyncEngine::Impl {
       const auto code = status.error_code();
       const bool transient = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
                              code == grpc::StatusCode::OUT_OF_RANGE;
-      if (receiver.chunks_received() > resume_at) {
-        // The link broke mid-transfer after moving data: a fresh retry window (still within the
-        // round's deadline) and a fresh back-off, since the peer itself is alive.
+      if (receiver.chunks_received() > resume_at || Clock::now() - attempt_start > std::chrono::seconds(1)) {
+        // The call was live (it moved data, or the peer held it open) until the link broke — a
+        // keepalive timeout in an outage: a fresh retry window (still within the round's
+        // deadline) and a fresh back-off, since the peer itself was alive.
         give_up = observer ? deadline
                            : std::min(deadline, Clock::now() + std::chrono::milliseconds(
                                                                    static_cast<std::int64_t>(wait_s * 1000)));

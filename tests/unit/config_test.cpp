@@ -97,7 +97,7 @@ TEST(Config, RoundDeadlineSettingsAreChecked) {
                                          "sync.peers=[{id: 0, address: '127.0.0.1:1'}, {id: 1, address: '127.0.0.1:2'}]"};
   const Config c = parse_config(kMinimal, "m.yaml", sync);
   EXPECT_EQ(c.sync.deadline_factor, 4);
-  EXPECT_EQ(c.sync.min_round_timeout_s, 30);
+  EXPECT_EQ(c.sync.min_round_timeout_s, 120);
   auto with = [&](const std::string& kv) {
     auto v = sync;
     v.push_back(kv);

@@ -121,7 +121,7 @@ struct SyncConfig : Credentials {
   // the slowest recent clean round, at least min_round_timeout_s and at most round_timeout_s
   // (0 = always round_timeout_s).
   double deadline_factor = 4;
-  double min_round_timeout_s = 30;
+  double min_round_timeout_s = 120;
   double peer_wait_s = 30;             // a peer refusing connections is retried this long (start-up skew)
   double retry_backoff_s = 0.2;        // first back-off between those retries, doubled up to 2 s
   double max_rel_change = 1.0;         // reject a tensor with |new - current| > this * |current|

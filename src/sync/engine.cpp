@@ -258,9 +258,11 @@ struct SyncEngine::Impl {
     // sync.peer_wait_s; for a peer skipped last round (likely dead) for at most a second, so a
     // dead peer costs little while one that is merely late still gets back in.
     const double wait_s = suspect[peer] ? std::min(1.0, config.sync.peer_wait_s) : config.sync.peer_wait_s;
-    auto give_up = observer ? deadline
-                                  : std::min(deadline, Clock::now() + std::chrono::milliseconds(
-                                                                          static_cast<std::int64_t>(wait_s * 1000)));
+    auto retry_window_end = [&] {
+      return observer ? deadline
+                      : std::min(deadline, Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(wait_s * 1000)));
+    };
+    auto give_up = retry_window_end();
     // An observer's copy is stale by design, so the norm-change bound does not apply to it (the
     // other checks do). Its round is a plan's first, which is sent in fp32: no baseline needed.
     const double max_rel_change = observer ? std::numeric_limits<double>::infinity() : config.sync.max_rel_change;
@@ -332,9 +334,7 @@ struct SyncEngine::Impl {
         // The call was live (it moved data, or the peer held it open) until the link broke — a
         // keepalive timeout in an outage: a fresh retry window (still within the round's
         // deadline) and a fresh back-off, since the peer itself was alive.
-        give_up = observer ? deadline
-                           : std::min(deadline, Clock::now() + std::chrono::milliseconds(
-                                                                   static_cast<std::int64_t>(wait_s * 1000)));
+        give_up = retry_window_end();
         backoff = config.sync.retry_backoff_s;
       }
       const auto retry_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(backoff * 1000));
@@ -598,10 +598,8 @@ struct SyncEngine::Impl {
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report.resumed_streams = resumed.load();
     if (adaptive) {
-      bool slow_link = false;
-      for (const auto& skip : report.skipped)
-        for (int j = 0; j < n; ++j)
-          if (label(j) == skip.peer && peer_bytes_in[j].load() > 0) slow_link = true;
+      bool slow_link = false;  // a skipped peer had sent part of its data
+      for (int j = 0; j < n; ++j) slow_link = slow_link || (!failure[j].empty() && peer_bytes_in[j].load() > 0);
       deadlines.record(report.seconds, report.skipped.empty(), slow_link);
     }
     return report;

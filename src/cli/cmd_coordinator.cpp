@@ -62,8 +62,8 @@ void print_cluster_status(const ClusterStatus& s) {
   std::printf("run '%s' | round %llu | plan %llu (from round %llu)\n", s.run_id.c_str(),
               static_cast<unsigned long long>(s.round), static_cast<unsigned long long>(s.plan.version),
               static_cast<unsigned long long>(s.plan.effective_round));
-  std::printf("%-4s %-21s %-6s %-12s %7s %5s %9s %8s %10s %10s %9s %9s\n", "node", "address", "state", "experts", "step",
-              "round", "in flight", "loss", "last sync", "last in", "tok/s", "rss");
+  std::printf("%-4s %-21s %-6s %-12s %7s %5s %9s %8s %10s %10s %9s %9s %8s\n", "node", "address", "state", "experts", "step",
+              "round", "in flight", "loss", "last sync", "last in", "tok/s", "rss", "refused");
   for (const auto& n : s.nodes) {
     const auto& p = n.progress;
     const char* state = !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "wait" : "dead";
@@ -72,11 +72,22 @@ void print_cluster_status(const ClusterStatus& s) {
     const std::string flight = p.round_in_flight > 0 ? fmt::format("round {}", p.round_in_flight)
                                : p.round > 0        ? fmt::format("+{} steps", p.round_delay)
                                                     : std::string("-");
-    std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %9s %8.4f %10s %10s %9s %9s\n", n.id, n.address.c_str(), state,
+    // "refused": peer payloads that failed validation / calls with a wrong token, run or arguments.
+    const std::string refused = fmt::format("{}/{}", p.rejected_payloads, p.refused_calls);
+    std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %9s %8.4f %10s %10s %9s %9s %8s\n", n.id, n.address.c_str(), state,
                 format_list(p.experts, "-").c_str(), static_cast<long long>(p.step), static_cast<unsigned long long>(p.round),
                 flight.c_str(), p.loss, ago.c_str(), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
-                format_count(p.tokens_per_s).c_str(), format_bytes(static_cast<double>(p.peak_rss_bytes)).c_str());
+                format_count(p.tokens_per_s).c_str(), format_bytes(static_cast<double>(p.peak_rss_bytes)).c_str(),
+                refused.c_str());
   }
+  bool any_refusal = s.refused_calls > 0;
+  for (const auto& n : s.nodes) any_refusal = any_refusal || !n.progress.last_refusal.empty();
+  if (!any_refusal) return;
+  std::printf("refused (payloads/calls), the last of each:\n");
+  if (s.refused_calls > 0)
+    std::printf("  coordinator: %llu call(s); %s\n", static_cast<unsigned long long>(s.refused_calls), s.last_refusal.c_str());
+  for (const auto& n : s.nodes)
+    if (!n.progress.last_refusal.empty()) std::printf("  node %d: %s\n", n.id, n.progress.last_refusal.c_str());
 }
 
 

@@ -7,6 +7,7 @@
 #include "proto_convert.h"
 #include "spes/coord/coordinator.h"
 #include "spes/util/error.h"
+#include "spes/util/log.h"
 #include "spes/v1/coordinator.grpc.pb.h"
 
 namespace spes {
@@ -115,6 +116,8 @@ ClusterStatus CoordinatorClient::status(double timeout_s) {
   out.run_id = reply.run_id();
   out.round = reply.round();
   out.plan = from_proto(reply.plan());
+  out.refused_calls = reply.refused_calls();
+  out.last_refusal = printable(reply.last_refusal(), 300);
   for (const auto& n : reply.nodes())
     out.nodes.push_back({static_cast<int>(n.id()), n.address(), n.alive(), n.member(), n.silent_s(), from_proto(n.report())});
   return out;

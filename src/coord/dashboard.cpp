@@ -24,7 +24,8 @@ std::string cluster_status_json(const ClusterStatus& s, bool curves, int indent)
                         {"last_sync_unix_s", p.last_sync_unix_s}, {"last_sync_bytes_in", p.last_sync_bytes_in},
                         {"bytes_in_total", p.bytes_in_total}, {"bytes_out_total", p.bytes_out_total},
                         {"peak_rss_bytes", p.peak_rss_bytes}, {"round_in_flight", p.round_in_flight},
-                        {"round_delay", p.round_delay}};
+                        {"round_delay", p.round_delay}, {"rejected_payloads", p.rejected_payloads},
+                        {"refused_calls", p.refused_calls}, {"last_refusal", p.last_refusal}};
     if (curves) {
       nlohmann::json curve = nlohmann::json::array();
       for (const auto& [step, loss] : n.loss_curve) curve.push_back({step, loss});
@@ -33,7 +34,8 @@ std::string cluster_status_json(const ClusterStatus& s, bool curves, int indent)
     nodes.push_back(node);
   }
   return nlohmann::json{{"run", s.run_id}, {"round", s.round}, {"plan_version", s.plan.version},
-                        {"plan_effective_round", s.plan.effective_round}, {"nodes", nodes}}
+                        {"plan_effective_round", s.plan.effective_round}, {"nodes", nodes},
+                        {"refused_calls", s.refused_calls}, {"last_refusal", s.last_refusal}}
       .dump(indent);
 }
 

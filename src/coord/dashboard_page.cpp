@@ -18,7 +18,7 @@ svg { border: 1px solid #ddd; background: #fff; } .err { color: #cf222e; }
 <h1 id="title">spes run</h1>
 <div class="sub" id="summary">loading…</div>
 <table id="nodes"><thead><tr><th class="l">node</th><th class="l">state</th><th class="l">experts</th><th>step</th>
-<th>loss</th><th>tokens/s</th><th>round</th><th>in flight</th><th>last round in</th><th>bytes in</th><th>bytes out</th><th>memory</th></tr></thead>
+<th>loss</th><th>tokens/s</th><th>round</th><th>in flight</th><th>last round in</th><th>bytes in</th><th>bytes out</th><th>memory</th><th title="peer payloads refused / calls refused for token, run or arguments">refused</th></tr></thead>
 <tbody></tbody></table>
 <h2 style="font-size:16px">Training loss per node</h2>
 <svg id="loss" width="900" height="320"></svg>
@@ -80,6 +80,7 @@ async function refresh() {
       cell(row, n.round_in_flight ? "round " + n.round_in_flight : n.round ? "+" + n.round_delay + " steps" : "");
       cell(row, bytes(n.last_sync_bytes_in));
       cell(row, bytes(n.bytes_in_total)); cell(row, bytes(n.bytes_out_total)); cell(row, bytes(n.peak_rss_bytes));
+      cell(row, n.rejected_payloads + "/" + n.refused_calls).title = n.last_refusal;
     }
     drawLoss(s.nodes);
   } catch (e) {

@@ -26,7 +26,13 @@ void write_cluster_metrics(const ClusterStatus& s, MetricsSink& sink) {
     sink.gauge("spes_node_resident_memory_peak_bytes", "Peak resident memory of the node's process", static_cast<double>(p.peak_rss_bytes), node);
     sink.counter("spes_node_sync_received_bytes_total", "Sync payload bytes the node received", static_cast<double>(p.bytes_in_total), node);
     sink.counter("spes_node_sync_sent_bytes_total", "Sync payload bytes the node's service sent", static_cast<double>(p.bytes_out_total), node);
+    sink.counter("spes_node_rejected_payloads_total", "Peer payloads the node refused (failed validation)",
+                 static_cast<double>(p.rejected_payloads), node);
+    sink.counter("spes_node_refused_calls_total", "Calls to the node's sync service refused for token, run or arguments",
+                 static_cast<double>(p.refused_calls), node);
   }
+  sink.counter("spes_coordinator_refused_calls_total", "Calls the coordinator refused (token, run, node, address)",
+               static_cast<double>(s.refused_calls));
   sink.gauge("spes_coordinator_nodes", "Nodes by state", alive, {{"state", "alive"}});
   sink.gauge("spes_coordinator_nodes", "Nodes by state", dead, {{"state", "dead"}});
   sink.gauge("spes_coordinator_nodes", "Nodes by state", done, {{"state", "done"}});

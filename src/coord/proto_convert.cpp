@@ -2,6 +2,7 @@
 
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
+#include "spes/util/log.h"
 
 namespace spes {
 
@@ -53,6 +54,9 @@ void to_proto(const NodeProgress& p, spes::v1::NodeReport& out) {
   out.set_done(p.done);
   out.set_round_in_flight(p.round_in_flight);
   out.set_round_delay(p.round_delay);
+  out.set_rejected_payloads(p.rejected_payloads);
+  out.set_refused_calls(p.refused_calls);
+  out.set_last_refusal(p.last_refusal);
   for (int e : p.experts) out.add_experts(static_cast<std::uint32_t>(e));
 }
 
@@ -70,6 +74,9 @@ NodeProgress from_proto(const spes::v1::NodeReport& r) {
   p.done = r.done();
   p.round_in_flight = r.round_in_flight();
   p.round_delay = r.round_delay();
+  p.rejected_payloads = r.rejected_payloads();
+  p.refused_calls = r.refused_calls();
+  p.last_refusal = printable(r.last_refusal(), 300);  // the node's text, shown on terminals
   for (auto e : r.experts()) p.experts.push_back(static_cast<int>(e));
   return p;
 }

@@ -16,6 +16,7 @@
 #include "spes/util/error.h"
 #include "spes/util/progress.h"
 #include "spes/util/fs.h"
+#include "spes/util/log.h"
 #include "spes/util/signals.h"
 #include "spes/v1/coordinator.grpc.pb.h"
 
@@ -73,6 +74,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
   std::int64_t n_experts = 0;
   std::map<int, std::vector<int>> planned;  // the cluster file's assignment
   std::mutex mutex;
+  RefusalLog refusals;  // calls refused (token, run, node, address), for the status
   std::condition_variable changed;
   std::vector<MembershipPlan> plans;        // every plan so far, oldest first
   std::uint64_t max_round = 0;              // highest round any node asked a plan for
@@ -261,6 +263,8 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     out.run_id = cluster.run;
     out.round = max_round;
     out.plan = latest();
+    out.refused_calls = refusals.count();
+    out.last_refusal = refusals.last();
     const auto now = Clock::now();
     for (const auto& n : cluster.nodes) {
       const NodeState& st = nodes[n.id];
@@ -282,6 +286,8 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     if (auto s = check(context, request->run_id(), 0, false); !s.ok()) return refuse(context, s);
     const ClusterStatus status = snapshot();
     reply->set_run_id(status.run_id);
+    reply->set_refused_calls(status.refused_calls);
+    reply->set_last_refusal(status.last_refusal);
     reply->set_round(status.round);
     to_proto(status.plan, *reply->mutable_plan());
     for (const auto& r : status.nodes) {
@@ -297,7 +303,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
   }
 
   grpc::Status refuse(const grpc::ServerContext* context, const grpc::Status& s) {
-    spdlog::warn("coordinator: refused a call from {}: {}", context->peer(), s.error_message());
+    refusals.record("coordinator: refused a call from " + context->peer(), s.error_message());
     return s;
   }
 

@@ -530,6 +530,10 @@ class NodeDaemon {
         p.last_sync_bytes_in = r.bytes_in;
         p.bytes_in_total = bytes_in_ + engine_->bytes_received();
         p.bytes_out_total = bytes_out_ + engine_->bytes_sent();
+        const NodeRefusals& refused = metrics_.refusals();
+        p.rejected_payloads = refused.payloads;
+        p.refused_calls = refused.calls;
+        p.last_refusal = refused.last;
       });
   }
 

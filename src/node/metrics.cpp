@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "spes/util/log.h"
+
 namespace spes {
 
 std::string skip_reason_class(const std::string& reason) {
@@ -62,8 +64,22 @@ void NodeMetrics::step(const StepStats& s) {
   server_->set_gauge("spes_device_memory_peak_bytes", "Peak GPU memory in live tensors (0 on the CPU)", static_cast<double>(s.peak_device_bytes));
 }
 
+std::uint64_t EngineTotal::update(std::uint64_t engine_figure) {
+  if (engine_figure < last_) before_ += last_;  // a new engine counts from zero
+  last_ = engine_figure;
+  return before_ + last_;
+}
+
 void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine, std::int64_t delay) {
-  const std::uint64_t calls_refused = engine.calls_refused();
+  const std::uint64_t calls_refused = refused_calls_.update(engine.calls_refused());
+  refusals_.calls = suspicious_calls_.update(engine.suspicious_calls());
+  if (std::string last = engine.last_suspicious_call(); !last.empty() && last != last_suspicious_call_)
+    refusals_.last = last_suspicious_call_ = std::move(last);
+  for (const auto& k : r.skipped)
+    if (k.reason.find("rejected payload") != std::string::npos) {
+      ++refusals_.payloads;
+      refusals_.last = printable(fmt::format("round {}: refused node {}'s payload: {}", r.round, k.peer, k.reason), 300);
+    }
   if (!server_) return;
   ++rounds_;
   round_seconds_ += r.seconds;
@@ -112,10 +128,11 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const Syn
                   "spes_sync_sent_bytes_by_encoding_total", "Sync payload bytes this node's service sent, by wire encoding");
   const double alive = static_cast<double>(members > 0 ? members - 1 : 0) - static_cast<double>(r.skipped.size());
   server_->set_gauge("spes_sync_peers_alive", "Other members that took part in the last round", std::max(0.0, alive));
-  if (calls_refused < refused_last_) refused_before_ += refused_last_;  // a new engine counts from zero
-  refused_last_ = calls_refused;
   server_->set_counter("spes_sync_calls_refused_total", "Calls to the sync service refused (token, run, plan)",
-                       static_cast<double>(refused_before_ + refused_last_));
+                       static_cast<double>(calls_refused));
+  server_->set_counter("spes_sync_suspicious_calls_total",
+                       "Refused calls that only a hostile or misconfigured caller provokes (token, run, arguments)",
+                       static_cast<double>(refusals_.calls));
 }
 
 void NodeMetrics::round_in_flight(std::uint64_t round) {

@@ -735,6 +735,12 @@ std::map<std::string, std::uint64_t> SyncEngine::bytes_sent_by_encoding() const 
   return impl_->server ? by_encoding_name(impl_->server->bytes_sent_by_encoding()) : std::map<std::string, std::uint64_t>{};
 }
 std::uint64_t SyncEngine::calls_refused() const { return impl_->server ? impl_->server->calls_refused() : 0; }
+std::uint64_t SyncEngine::suspicious_calls() const {
+  return impl_->server ? impl_->server->suspicious_calls().count() : 0;
+}
+std::string SyncEngine::last_suspicious_call() const {
+  return impl_->server ? impl_->server->suspicious_calls().last() : std::string();
+}
 std::vector<std::uint64_t> SyncEngine::skip_counts() const { return impl_->skips; }
 
 }  // namespace spes

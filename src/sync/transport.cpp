@@ -106,9 +106,18 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
   grpc::Status Fetch(grpc::ServerContext* context, const spes::v1::FetchRequest* request,
                      grpc::ServerWriter<spes::v1::TensorChunk>* writer) override {
     const TransportSettings& s = owner_.settings_;
+    // Every refusal is counted (Prometheus); those that only a hostile or misconfigured caller
+    // provokes (token, run, arguments) also go to the refusal log that `coordinator status` shows.
+    // A plan or round the caller is not at yet is part of normal operation and logged at debug.
     auto refuse = [&](grpc::StatusCode code, const std::string& why) {
       owner_.refused_++;
-      spdlog::warn("sync: refused a call from {} (node {}): {}", context->peer(), request->requester(), why);
+      const std::string who = fmt::format("sync: refused a call from {} (node {})", context->peer(), request->requester());
+      const bool suspicious = code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::INVALID_ARGUMENT ||
+                              request->run_id() != s.run_id;
+      if (suspicious)
+        owner_.suspicious_.record(who, why);
+      else
+        spdlog::debug("{}: {}", who, why);
       return grpc::Status(code, why);
     };
     if (!has_token(*context, s.token))

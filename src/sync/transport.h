@@ -14,6 +14,7 @@
 
 #include "round_store.h"
 #include "spes/config/config.h"
+#include "spes/util/log.h"
 #include "spes/v1/sync.grpc.pb.h"
 
 namespace spes::sync_detail {
@@ -66,6 +67,8 @@ class SyncServer {
   int port() const { return port_; }
   std::uint64_t bytes_sent() const { return bytes_sent_.load(); }
   std::uint64_t calls_refused() const { return refused_.load(); }
+  // The refused calls that only a hostile or misconfigured caller provokes (token, run, arguments).
+  const RefusalLog& suspicious_calls() const { return suspicious_; }
   // Payload bytes sent so far, per requesting node id.
   std::map<std::uint32_t, std::uint64_t> bytes_sent_by_requester() const;
   // Payload bytes sent so far, by spes.v1.Encoding value (index).
@@ -79,6 +82,7 @@ class SyncServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<std::uint64_t> bytes_sent_{0}, refused_{0};
+  RefusalLog suspicious_;
   std::array<std::atomic<std::uint64_t>, 4> sent_by_encoding_{};
   mutable std::mutex sent_mutex_;
   std::map<std::uint32_t, std::uint64_t> sent_to_;

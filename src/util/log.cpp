@@ -40,4 +40,22 @@ std::string printable(std::string_view text, std::size_t max_chars) {
   return out;
 }
 
+void RefusalLog::record(const std::string& who, const std::string& why) {
+  const std::string text = printable(who + ": " + why, 300);
+  spdlog::warn("{}", text);
+  std::lock_guard lock(mutex_);
+  ++count_;
+  last_ = text;
+}
+
+std::uint64_t RefusalLog::count() const {
+  std::lock_guard lock(mutex_);
+  return count_;
+}
+
+std::string RefusalLog::last() const {
+  std::lock_guard lock(mutex_);
+  return last_;
+}
+
 }  // namespace spes

@@ -139,6 +139,24 @@ nodes = {n["id"]: n for n in s["nodes"]}
 assert not nodes[2]["member"], nodes[2]
 assert s["plan_version"] >= 2
 PY
+# A caller without the run token at node 0's sync port (an empty gRPC Fetch, by curl): refused,
+# and counted in the coordinator's status with its reason at node 0's next round.
+node0=$(grep -o "id: 0, address: '[0-9.:]*" "$TMP/f/cluster.yaml" | grep -o "[0-9.]*:[0-9]*$")
+printf '\0\0\0\0\0' > "$TMP/f/empty.grpc"
+curl -s -m 5 --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' \
+  --data-binary @"$TMP/f/empty.grpc" -o /dev/null "http://$node0/spes.v1.SyncService/Fetch"
+counted=no
+for _ in $(seq 1 60); do
+  "$SPES" coordinator status --cluster "$TMP/f/cluster.yaml" --json > "$TMP/f/status2.json" 2>/dev/null &&
+    python3 - "$TMP/f/status2.json" <<'PY' && { counted=yes; break; }
+import json, sys
+n0 = [n for n in json.load(open(sys.argv[1]))["nodes"] if n["id"] == 0][0]
+assert n0["refused_calls"] >= 1 and "token" in n0["last_refusal"], n0
+PY
+  sleep 0.5
+done
+[[ $counted == yes ]] && echo "ok   F: a call without the token at node 0 is counted in coordinator status" ||
+  fail "F: the refused call is not in coordinator status: $(cat "$TMP/f/status2.json")"
 "$SPES" node -c "$TMP/f/plan/node2.yaml" > "$TMP/f/node2-back.log" 2>&1 &
 node_pid[2]=$!; pids+=($!)
 for i in 0 1 2; do

@@ -94,16 +94,26 @@ TEST(Coordinator, TokenHeartbeatLossRestart) {
   p.round = 1;
   p.round_in_flight = 2;  // sync.overlap: what the status shows for the round behind training
   p.round_delay = 5;
+  p.rejected_payloads = 2;  // what the node refused, with a last reason carrying a terminal escape
+  p.refused_calls = 1;
+  p.last_refusal = "round 1: refused node 1's payload: \x1b[31mwrong shape";
   // Node 0 keeps reporting; node 1 falls silent: dead after 0.5 s, its experts move after 0.3 s more.
   for (int i = 0; i < 15; ++i) {
     client.heartbeat(0, p);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  for (const auto& row : client.status(5.0).nodes)
+  const ClusterStatus seen = client.status(5.0);
+  for (const auto& row : seen.nodes)
     if (row.id == 0) {
       EXPECT_EQ(row.progress.round_in_flight, 2u);
       EXPECT_EQ(row.progress.round_delay, 5);
+      EXPECT_EQ(row.progress.rejected_payloads, 2u);
+      EXPECT_EQ(row.progress.refused_calls, 1u);
+      EXPECT_EQ(row.progress.last_refusal, "round 1: refused node 1's payload: ?[31mwrong shape");
     }
+  // The coordinator's own refusals: the wrong token, the wrong address, the unknown node.
+  EXPECT_EQ(seen.refused_calls, 3u);
+  EXPECT_NE(seen.last_refusal.find("node 7 is not in the cluster file"), std::string::npos) << seen.last_refusal;
   auto later = client.plan_for(0, 3, 1.0);
   ASSERT_TRUE(later);
   ASSERT_EQ(later->members.size(), 1u);

@@ -396,6 +396,11 @@ TEST(SyncEngine, HostileClientsAreRefused) {
   EXPECT_EQ(call("sesame", [&](auto& r) { r.set_first_chunk(chunks); }),
             std::pair(grpc::StatusCode::INVALID_ARGUMENT, 0));
   EXPECT_GE(c.engines[0]->calls_refused(), 6u);
+  // No token, a wrong token, another run, a bad slice, a resume past the end: what only a hostile
+  // or misconfigured caller does (the round it is not at yet is not among them), for the status.
+  EXPECT_EQ(c.engines[0]->suspicious_calls(), 5u);
+  EXPECT_NE(c.engines[0]->last_suspicious_call().find("first chunk"), std::string::npos)
+      << c.engines[0]->last_suspicious_call();
   EXPECT_EQ(c.models[0]->values(), before);
 }
 

@@ -43,6 +43,10 @@ struct NodeProgress {
   std::vector<int> experts;
   std::uint64_t round_in_flight = 0;  // sync.overlap: the round running behind training (0 = none)
   std::int64_t round_delay = 0;       // steps from the last round's snapshot to its landing
+  // What the node refused: peer payloads that failed validation, calls to its sync service with a
+  // wrong token, run or arguments, and the last of either with its reason.
+  std::uint64_t rejected_payloads = 0, refused_calls = 0;
+  std::string last_refusal;
 };
 
 struct NodeStatusRow {
@@ -61,6 +65,8 @@ struct ClusterStatus {
   std::uint64_t round = 0;
   MembershipPlan plan;
   std::vector<NodeStatusRow> nodes;
+  std::uint64_t refused_calls = 0;  // calls the coordinator itself refused, and the last reason
+  std::string last_refusal;
 };
 
 class CoordinatorServer {

@@ -31,6 +31,21 @@ class Goodput {
   double first_start_ = -1, last_end_ = 0;  // steady-clock seconds
 };
 
+// A figure an engine counts from zero, summed across the node's engines (a new one per plan).
+class EngineTotal {
+ public:
+  std::uint64_t update(std::uint64_t engine_figure);  // the running total
+ private:
+  std::uint64_t before_ = 0, last_ = 0;
+};
+
+// What this node refused, for `coordinator status`: payloads that failed validation, calls to its
+// sync service that only a hostile or misconfigured caller provokes, and the last reason.
+struct NodeRefusals {
+  std::uint64_t payloads = 0, calls = 0;
+  std::string last;
+};
+
 class NodeMetrics {
  public:
   explicit NodeMetrics(const Config& config);
@@ -43,11 +58,16 @@ class NodeMetrics {
   void round_in_flight(std::uint64_t round);
   void goodput(const Goodput& g);
   void checkpoint_written(double seconds);
+  // Kept whether or not metrics.listen is set (the coordinator's heartbeat carries them).
+  const NodeRefusals& refusals() const { return refusals_; }
 
  private:
   std::unique_ptr<MetricsServer> server_;
   double tokens_ = 0, round_seconds_ = 0, resumed_ = 0;
-  std::uint64_t rounds_ = 0, checkpoints_ = 0, refused_before_ = 0, refused_last_ = 0;
+  std::uint64_t rounds_ = 0, checkpoints_ = 0;
+  EngineTotal refused_calls_, suspicious_calls_;
+  NodeRefusals refusals_;
+  std::string last_suspicious_call_;
   std::map<int, double> received_, sent_, sent_last_;  // per peer: totals, and the engine's last figure
   std::map<std::pair<int, std::string>, double> skips_;
   std::map<std::string, double> rejected_;

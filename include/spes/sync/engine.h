@@ -111,6 +111,10 @@ class SyncEngine {
   std::map<std::string, std::uint64_t> bytes_received_by_encoding() const;
   std::map<std::string, std::uint64_t> bytes_sent_by_encoding() const;
   std::uint64_t calls_refused() const;
+  // Of those, the calls only a hostile or misconfigured caller provokes (token, run, arguments),
+  // and the last one's reason ("" before the first).
+  std::uint64_t suspicious_calls() const;
+  std::string last_suspicious_call() const;
   // Peer id → rounds it was skipped in.
   std::vector<std::uint64_t> skip_counts() const;
 

@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "spes/util/error.h"
+#include "spes/util/failpoint.h"
 #include "spes/util/fs.h"
 #include "spes/util/progress.h"
 
@@ -194,7 +195,15 @@ std::vector<std::string> list_shards(const std::string& dir) {
   return out;
 }
 
+void remove_abandoned_shards(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& name : remove_abandoned_temporaries(dir))
+    spdlog::warn("checkpoint: removed {}/{}, a shard whose writer was killed before it finished", dir, name);
+}
+
 void keep_newest_shards(const std::string& dir, int keep) {
+  remove_abandoned_shards(dir);
   auto shards = list_shards(dir);
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < shards.size(); ++i) {
     std::error_code ec;
@@ -207,6 +216,7 @@ void write_shard_folder(const std::string& final_path, const ShardInfo& info, co
                         const std::vector<TensorView>& moments) {
   write_folder_atomic(final_path, [&](const fs::path& tmp) {
     write_safetensors((tmp / kModelFile).string(), weights);
+    failpoint("checkpoint");
     write_safetensors((tmp / kOptimizerFile).string(), moments);
     json manifest = manifest_of(info);
     json tensors = tensor_entries(weights, kModelFile);

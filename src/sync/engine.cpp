@@ -15,6 +15,7 @@
 #include "round_deadline.h"
 #include "spes/sync/merge.h"
 #include "spes/util/error.h"
+#include "spes/util/failpoint.h"
 #include "spes/util/log.h"
 #include "spes/util/signals.h"
 #include "transport.h"
@@ -301,6 +302,7 @@ struct SyncEngine::Impl {
           bytes_in_by_encoding[enc] += chunk.ByteSizeLong();
         try {
           receiver.add(chunk);
+          if (receiver.chunks_received() == 1) failpoint("pull");
         } catch (const Error& err) {
           invalid = err.what();
           context.TryCancel();
@@ -627,7 +629,9 @@ const std::vector<std::size_t>& SyncEngine::tensors_of(int fragment) const {
 void SyncEngine::finish(double timeout_s) {
   Impl& m = *impl_;
   const std::uint64_t round = m.store.latest();
-  if (m.observer || round < m.membership.first_round || m.n == 1) return;  // nothing published
+  if (m.observer || round < m.membership.first_round) return;  // nothing published
+  // Alone in the plan, a node still serves the nodes catching up from it (its observers).
+  if (m.n == 1 && m.membership.observers.empty()) return;
   // Each other node fetches our averaged slice, its raw copy of its own slice and our experts;
   // each observer our averaged slice and our experts. Peers skipped in the last round (dead or
   // hostile) are not waited for.

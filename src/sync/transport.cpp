@@ -8,6 +8,7 @@
 
 #include "spes/config/config.h"
 #include "spes/util/error.h"
+#include "spes/util/failpoint.h"
 #include "spes/util/fs.h"
 
 namespace spes::sync_detail {
@@ -172,6 +173,7 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       sent += chunk.ByteSizeLong();
       if (const auto e = static_cast<std::size_t>(chunk.piece().encoding()); e < owner_.sent_by_encoding_.size())
         owner_.sent_by_encoding_[e] += chunk.ByteSizeLong();
+      if (c == stream->chunks.size() / 2) failpoint("serve");
     }
     owner_.bytes_sent_ += sent;
     {

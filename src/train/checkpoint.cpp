@@ -194,6 +194,7 @@ std::optional<ShardInfo> resume_from_config(Trainer& trainer) {
   std::optional<Shard> shard;
   if (resume == "auto") {
     const std::string dir = c.checkpoint.effective_dir(c.run);
+    remove_abandoned_shards(dir);
     shard = newest_shard(dir);
     if (!shard) {
       spdlog::info("checkpoint: no usable shard in {}: starting from step 0", dir);

@@ -13,6 +13,7 @@
 #include "spes/train/peak.h"
 #include "spes/train/schedule.h"
 #include "spes/util/error.h"
+#include "spes/util/failpoint.h"
 #include "spes/util/fs.h"
 #include "spes/util/process.h"
 #include "spes/util/progress.h"
@@ -117,6 +118,7 @@ StepStats Trainer::step() {
     load = stats.narrow(0, 5, L * E).view({L, E}).round().to(torch::kInt64);
   }
   s.grad_norm = clip_grad_norm(trainable_, config_.optim.grad_clip);
+  failpoint("step");
   optimizer_->step();
   ++step_;
   const auto terms_host = terms.cpu();

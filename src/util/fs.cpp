@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cerrno>
+#include <regex>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -91,6 +93,24 @@ void write_folder_atomic(const fs::path& target, const std::function<void(const 
     throw;
   }
   rename_durably(tmp, target);
+}
+
+std::vector<std::string> remove_abandoned_temporaries(const fs::path& dir) {
+  static const std::regex temporary(R"(\..+\.tmp-([0-9]+))");
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, temporary)) continue;
+    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+    // kill(pid, 0): ESRCH means no such process; anything else (alive, or not ours) keeps it.
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+    if (!rm) removed.push_back(name);
+  }
+  return removed;
 }
 
 MappedFile::MappedFile(const fs::path& path) : path_(path) {

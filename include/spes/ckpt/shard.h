@@ -85,8 +85,11 @@ Shard read_shard(const std::string& path);
 std::optional<Shard> newest_shard(const std::string& dir);
 // Complete shards in `dir` (step-NNNNNNNN), oldest first (folder names only; nothing verified).
 std::vector<std::string> list_shards(const std::string& dir);
-// Deletes all but the newest `keep` shards in `dir`.
+// Deletes all but the newest `keep` shards in `dir`, and the unfinished ones (below).
 void keep_newest_shards(const std::string& dir, int keep);
+// Deletes the unfinished shards a killed writer left in `dir` (hidden temporary folders, never
+// taken for a shard), each with a warning.
+void remove_abandoned_shards(const std::string& dir);
 
 // Expert index of "layers.{l}.mlp.experts.{e}.…" (and of its moments), or -1 for a shared tensor.
 int expert_index_of(const std::string& tensor_name);

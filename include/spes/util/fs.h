@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace spes {
 
@@ -23,6 +24,9 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
 // temporary one is removed on error). Error(Io) when `target` exists already.
 void write_folder_atomic(const std::filesystem::path& target,
                          const std::function<void(const std::filesystem::path& tmp)>& fill);
+// Removes the temporary folders in `dir` that write_folder_atomic left behind in a process that
+// no longer runs (killed mid-write: ".NAME.tmp-PID"); returns their names.
+std::vector<std::string> remove_abandoned_temporaries(const std::filesystem::path& dir);
 
 // An exclusive advisory lock (flock) on `path`, created if missing, held until destruction: one
 // process at a time (e.g. preparing a data folder that several nodes on one machine share).

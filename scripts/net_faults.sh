@@ -7,12 +7,14 @@
 #   lossP      iptables' `statistic` match drops P% of the packets entering each namespace, all run
 #   outageS    every packet entering either namespace dropped (a black hole, both ways) for S
 #              seconds, from 1 s into round 2's transfer
+#   delayMS    MS of latency each way (RTT 2 x MS) by scripts/delay_proxy.py in front of each
+#              node's sync service (this kernel has no netem)
 # Per scenario it prints the steps each node finished, every round's seconds, deadline, bytes,
 # resumed streams and skipped peers, each node's goodput and final validation loss, and whether
 # the two nodes ended with the same weights (the last round leaves every node the same).
 # Needs root, tc and iptables (scripts/setup.sh installs them). Cleans up namespaces and processes
 # on exit. Writes runs/net-faults/SCENARIO/.
-# usage: sudo scripts/net_faults.sh [SCENARIO ...]     (default: clean loss2 loss5 outage30)
+# usage: sudo scripts/net_faults.sh [SCENARIO ...]     (default: clean loss2 loss5 outage30 delay100)
 # env:   RATE (50), STEPS (60), EVERY (20), SPES_SET ("k=v ..." for both nodes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,14 +22,15 @@ RATE=${RATE:-50}
 STEPS=${STEPS:-60}
 EVERY=${EVERY:-20}
 SCENARIOS=("$@")
-[[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(clean loss2 loss5 outage30)
+[[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(clean loss2 loss5 outage30 delay100)
 extra=()
 for kv in ${SPES_SET:-}; do extra+=(--set "$kv"); done
 SPES=$PWD/build/spes
 [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh" >&2; exit 2; }
 command -v iptables > /dev/null || { echo "net_faults needs iptables (apt-get install iptables, or scripts/setup.sh)" >&2; exit 2; }
 for s in "${SCENARIOS[@]}"; do
-  [[ $s =~ ^(clean|loss[0-9]+|outage[0-9]+)$ ]] || { echo "unknown scenario '$s' (clean, lossP, outageS)" >&2; exit 2; }
+  [[ $s =~ ^(clean|loss[0-9]+|outage[0-9]+|delay[0-9]+)$ ]] ||
+    { echo "unknown scenario '$s' (clean, lossP, outageS, delayMS)" >&2; exit 2; }
 done
 NETNS_PREFIX=spes_nf
 source scripts/netns_lib.sh
@@ -51,7 +54,17 @@ run_scenario() {
   netns_up "$RATE"
   rm -rf "$out" && mkdir -p "$out"
   echo "net-faults-$$" > "$out/token"
-  local peers="[{id: 0, address: '${IP[0]}:7400'}, {id: 1, address: '${IP[1]}:7400'}]"
+  # Peers dial :7400, or :7401 where a delay proxy stands in front of the service.
+  local port=7400
+  if [[ $name == delay* ]]; then
+    port=7401
+    for i in 0 1; do
+      ip netns exec "${NS[$i]}" python3 scripts/delay_proxy.py "${IP[$i]}:7401" "127.0.0.1:7400" "${name#delay}" \
+        > "$out/proxy$i.log" 2>&1 &
+      pids+=($!)
+    done
+  fi
+  local peers="[{id: 0, address: '${IP[0]}:$port'}, {id: 1, address: '${IP[1]}:$port'}]"
   if [[ $name == loss* ]]; then
     local p=${name#loss}
     for i in 0 1; do

@@ -12,6 +12,8 @@
 #   nowarmup  spes without the warm-up (merge.alpha 0)
 #   int8      spes with int8 deltas (error feedback) for shared parameters and experts
 #   h50       spes syncing every 50 steps instead of 20
+#   sparse    spes with sparse deltas (sync.sparse: 2% of each chunk of 4096, 2 bits; error feedback)
+#   sparse5   the same at 5%
 # Order: central and spes at every point (seed 1, small to large), then the variants at the
 # points in SWEEP_VARIANT_ACCUMS, then the other seeds. Resumable: a run whose final.json exists
 # is skipped, so the sweep can be stopped (Ctrl-C) and started again across sittings.
@@ -68,18 +70,20 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32
+    local every=20 alpha=0.05 encoding=fp32 density=0.02
     case $variant in
       spes) ;;
       nowarmup) alpha=0 ;;
       int8) encoding=int8_delta ;;
       h50) every=50 ;;
-      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50)" >&2; exit 2 ;;
+      sparse) encoding=sparse ;;
+      sparse5) encoding=sparse density=0.05 ;;
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 sparse sparse5)" >&2; exit 2 ;;
     esac
     local lines="" kv
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
-              sync.encoding.shared="$encoding" sync.encoding.experts="$encoding"; do
+              sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density"; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'
     done
     quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -20,8 +21,17 @@ const char* wire_encoding_name(WireEncoding encoding) {
     case WireEncoding::Fp32: return "fp32";
     case WireEncoding::Bf16: return "bf16";
     case WireEncoding::Int8Delta: return "int8_delta";
+    case WireEncoding::Sparse: return "sparse";
   }
   return "?";
+}
+
+bool is_delta_encoding(WireEncoding encoding) {
+  return encoding == WireEncoding::Int8Delta || encoding == WireEncoding::Sparse;
+}
+
+std::int64_t SparseConfig::k() const {
+  return std::clamp<std::int64_t>(std::llround(density * static_cast<double>(chunk)), 1, chunk);
 }
 
 const char* qk_norm_name(QkNorm norm) {
@@ -218,9 +228,9 @@ void read_train(MapReader r, TrainConfig& c, const ModelConfig& model) {
 WireEncoding read_encoding(MapReader& r, const std::string& key, WireEncoding value) {
   std::string name = wire_encoding_name(value);
   r.get(key, name);
-  for (auto e : {WireEncoding::Fp32, WireEncoding::Bf16, WireEncoding::Int8Delta})
+  for (auto e : {WireEncoding::Fp32, WireEncoding::Bf16, WireEncoding::Int8Delta, WireEncoding::Sparse})
     if (name == wire_encoding_name(e)) return e;
-  r.fail(key, fmt::format("must be fp32, bf16 or int8_delta, got '{}'", name));
+  r.fail(key, fmt::format("must be fp32, bf16, int8_delta or sparse, got '{}'", name));
 }
 
 void read_peers(MapReader& r, SyncConfig& c, const ModelConfig& model, const std::string& source,
@@ -296,6 +306,14 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   c.shared_encoding = read_encoding(enc, "shared", c.shared_encoding);
   c.expert_encoding = read_encoding(enc, "experts", c.expert_encoding);
   enc.finish();
+  MapReader sparse = r.section("sparse");
+  sparse.get("chunk", c.sparse.chunk);
+  sparse.get("density", c.sparse.density);
+  sparse.get("bits", c.sparse.bits);
+  sparse.finish();
+  if (c.sparse.chunk < 64 || c.sparse.chunk > 65536) sparse.fail("chunk", "must be between 64 and 65536 values");
+  if (!(c.sparse.density > 0 && c.sparse.density <= 1)) sparse.fail("density", "must be in (0, 1]: the share of each chunk sent");
+  if (c.sparse.bits != 2 && c.sparse.bits != 4 && c.sparse.bits != 8) sparse.fail("bits", "must be 2, 4 or 8");
   r.get("chunk_bytes", c.chunk_bytes);
   r.get("round_timeout_s", c.round_timeout_s);
   r.get("deadline_factor", c.deadline_factor);
@@ -320,6 +338,10 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.max_rel_change <= 0) r.fail("max_rel_change", "must be positive");
   if (c.max_delay < -1) r.fail("max_delay", "must be >= 0 (or -1: a quarter of the steps between rounds)");
   if (c.fragments < 1) r.fail("fragments", "must be >= 1 (1 = the whole model every round)");
+  // The whole-model round that closes a fragment cycle spends the fragments' residuals; sparse
+  // ones hold whole updates not sent yet, which would be lost.
+  if (c.fragments > 1 && (c.shared_encoding == WireEncoding::Sparse || c.expert_encoding == WireEncoding::Sparse))
+    r.fail("fragments", "cannot be combined with the sparse encoding yet: use sync.fragments: 1 or int8_delta");
   if (c.enabled() && c.every % c.fragments != 0)
     r.fail("fragments", fmt::format("must divide sync.every ({}): one fragment is synced every every / fragments steps",
                                     c.every));

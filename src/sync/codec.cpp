@@ -30,7 +30,135 @@ float from_bf16_bits(std::uint16_t half) {
 
 std::int64_t block_count(std::int64_t count, std::int64_t block) { return (count + block - 1) / block; }
 
+// Little-endian bit packing into / out of a byte range (LSB first).
+class BitWriter {
+ public:
+  explicit BitWriter(unsigned char* out) : out_(out) {}
+  void put(std::uint32_t value, int bits) {
+    for (int b = 0; b < bits; ++b, ++pos_)
+      if ((value >> b) & 1u) out_[pos_ >> 3] |= static_cast<unsigned char>(1u << (pos_ & 7));
+  }
+ private:
+  unsigned char* out_;
+  std::size_t pos_ = 0;
+};
+
+class BitReader {
+ public:
+  explicit BitReader(const unsigned char* in) : in_(in) {}
+  std::uint32_t get(int bits) {
+    std::uint32_t value = 0;
+    for (int b = 0; b < bits; ++b, ++pos_) value |= static_cast<std::uint32_t>((in_[pos_ >> 3] >> (pos_ & 7)) & 1u) << b;
+    return value;
+  }
+ private:
+  const unsigned char* in_;
+  std::size_t pos_ = 0;
+};
+
+// Half of the code range: code c stands for (c - half) x scale.
+float half_range(int bits) { return static_cast<float>((1u << bits) - 1) / 2.0f; }
+
 }  // namespace
+
+std::int64_t SparseFormat::k_of(std::int64_t n) const {
+  if (n >= chunk) return k;
+  return std::clamp<std::int64_t>((k * n + chunk - 1) / chunk, 1, n);
+}
+
+int SparseFormat::index_bits() const {
+  int b = 1;
+  while ((std::int64_t{1} << b) < chunk) ++b;
+  return b;
+}
+
+std::size_t SparseFormat::chunk_bytes(std::int64_t n) const {
+  const std::int64_t bits_total = k_of(n) * (index_bits() + bits);
+  return 4 + static_cast<std::size_t>((bits_total + 7) / 8);
+}
+
+std::size_t SparseFormat::size(std::int64_t count) const {
+  std::size_t bytes = 0;
+  for (std::int64_t lo = 0; lo < count; lo += chunk) bytes += chunk_bytes(std::min(chunk, count - lo));
+  return bytes;
+}
+
+void encode_sparse(const SparseFormat& f, const float* values, const float* baseline, float* residual,
+                   std::int64_t count, std::string& out, float* decoded) {
+  SPES_CHECK(baseline != nullptr && f.chunk > 0 && f.k > 0, "sparse needs a baseline and a format");
+  out.assign(f.size(count), '\0');
+  auto* dst = reinterpret_cast<unsigned char*>(out.data());
+  const float half = half_range(f.bits);
+  const auto top = static_cast<std::uint32_t>((1u << f.bits) - 1);
+  std::vector<float> v(static_cast<std::size_t>(f.chunk));
+  std::vector<std::int64_t> order(static_cast<std::size_t>(f.chunk));
+  for (std::int64_t lo = 0; lo < count; lo += f.chunk) {
+    const std::int64_t n = std::min(f.chunk, count - lo), k = f.k_of(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      v[i] = values[lo + i] - baseline[lo + i] + (residual ? residual[lo + i] : 0.0f);
+      order[i] = i;
+    }
+    // The k largest magnitudes (ties: the lower position), then in position order.
+    auto larger = [&](std::int64_t a, std::int64_t b) {
+      const float x = std::fabs(v[a]), y = std::fabs(v[b]);
+      return x > y || (x == y && a < b);
+    };
+    std::nth_element(order.begin(), order.begin() + (k - 1), order.begin() + n, larger);
+    std::sort(order.begin(), order.begin() + k);
+    float amax = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(v[order[j]]));
+    const float scale = amax > 0 && std::isfinite(amax) ? amax / half : 0.0f;
+    std::memcpy(dst, &scale, 4);
+    // Positions, then codes right after their bits.
+    BitWriter packed(dst + 4);
+    for (std::int64_t j = 0; j < k; ++j) packed.put(static_cast<std::uint32_t>(order[j]), f.index_bits());
+    // Everything not sent stays in the residual; decoded is the baseline plus what was sent.
+    for (std::int64_t i = 0; i < n; ++i) {
+      decoded[lo + i] = baseline[lo + i];
+      if (residual) residual[lo + i] = v[i];
+    }
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t i = order[j];
+      const float c = scale > 0 ? std::clamp(std::nearbyint(v[i] / scale + half), 0.0f, static_cast<float>(top)) : 0.0f;
+      const auto code = static_cast<std::uint32_t>(c);
+      packed.put(code, f.bits);
+      const float sent = scale > 0 ? (static_cast<float>(code) - half) * scale : 0.0f;
+      decoded[lo + i] = baseline[lo + i] + sent;
+      if (residual) residual[lo + i] = v[i] - sent;
+    }
+    dst += f.chunk_bytes(n);
+  }
+}
+
+void decode_sparse(const SparseFormat& f, std::string_view bytes, const float* baseline, std::int64_t count,
+                   float* out) {
+  if (f.chunk <= 0 || f.k <= 0 || f.k > f.chunk || (f.bits != 2 && f.bits != 4 && f.bits != 8))
+    raise(ErrorKind::Peer, "sparse piece has chunk {}, k {}, bits {}", f.chunk, f.k, f.bits);
+  const std::size_t expected = f.size(count);
+  if (bytes.size() != expected)
+    raise(ErrorKind::Peer, "sparse payload of {} values has {} bytes, expected {}", count, bytes.size(), expected);
+  const auto* src = reinterpret_cast<const unsigned char*>(bytes.data());
+  const float half = half_range(f.bits);
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(f.k));
+  for (std::int64_t lo = 0; lo < count; lo += f.chunk) {
+    const std::int64_t n = std::min(f.chunk, count - lo), k = f.k_of(n);
+    float scale;
+    std::memcpy(&scale, src, 4);
+    if (!std::isfinite(scale) || scale < 0)
+      raise(ErrorKind::Peer, "sparse chunk at value {} has scale {}", lo, scale);
+    BitReader bits(src + 4);
+    for (std::int64_t j = 0; j < k; ++j) {
+      positions[j] = bits.get(f.index_bits());
+      if (positions[j] >= n || (j > 0 && positions[j] <= positions[j - 1]))
+        raise(ErrorKind::Peer, "sparse chunk at value {}: position {} of {} is {} (positions must rise, below {})", lo,
+              j, k, positions[j], n);
+    }
+    for (std::int64_t i = 0; i < n; ++i) out[lo + i] = baseline[lo + i];
+    for (std::int64_t j = 0; j < k; ++j)
+      out[lo + positions[j]] = baseline[lo + positions[j]] + (static_cast<float>(bits.get(f.bits)) - half) * scale;
+    src += f.chunk_bytes(n);
+  }
+}
 
 float round_to_bf16(float value) { return from_bf16_bits(to_bf16_bits(value)); }
 
@@ -52,12 +180,15 @@ std::size_t encoded_size(WireEncoding encoding, std::int64_t count, std::int64_t
     case WireEncoding::Bf16: return static_cast<std::size_t>(count) * 2;
     case WireEncoding::Int8Delta:
       return static_cast<std::size_t>(count) + 4 * static_cast<std::size_t>(block_count(count, block));
+    case WireEncoding::Sparse: break;  // SparseFormat::size
   }
+  SPES_CHECK(false, "sparse payloads are sized by SparseFormat");
   return 0;
 }
 
 void encode_values(WireEncoding encoding, const float* values, const float* baseline, float* residual,
                    std::int64_t count, std::int64_t block, std::string& out, float* decoded) {
+  SPES_CHECK(encoding != WireEncoding::Sparse, "sparse payloads go through encode_sparse");
   out.resize(encoded_size(encoding, count, block));
   auto input = [&](std::int64_t i) {
     float v = encoding == WireEncoding::Int8Delta ? values[i] - baseline[i] : values[i];
@@ -106,11 +237,13 @@ void encode_values(WireEncoding encoding, const float* values, const float* base
       }
       return;
     }
+    case WireEncoding::Sparse: return;  // checked above
   }
 }
 
 void decode_values(WireEncoding encoding, std::string_view bytes, const float* baseline,
                    std::int64_t count, std::int64_t block, float* out) {
+  SPES_CHECK(encoding != WireEncoding::Sparse, "sparse payloads go through decode_sparse");
   if (encoding == WireEncoding::Int8Delta && block <= 0)
     raise(ErrorKind::Peer, "int8_delta piece has block size {}", block);
   const std::size_t expected = encoded_size(encoding, count, block);
@@ -139,6 +272,7 @@ void decode_values(WireEncoding encoding, std::string_view bytes, const float* b
       }
       return;
     }
+    case WireEncoding::Sparse: return;  // checked above
   }
 }
 

@@ -88,7 +88,7 @@ struct SyncEngine::Impl {
   std::vector<std::uint64_t> skips;
   std::atomic<std::uint64_t> bytes_in{0};
   std::unique_ptr<std::atomic<std::uint64_t>[]> peer_bytes_in;  // per peer, this round
-  std::array<std::atomic<std::uint64_t>, 4> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
+  std::array<std::atomic<std::uint64_t>, kWireEncodings> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
   std::atomic<std::uint64_t> resumed{0};                // streams resumed mid-way, this round
   RoundDeadline deadlines;                              // when timeout_s is 0: from measured rounds
 
@@ -116,8 +116,7 @@ struct SyncEngine::Impl {
               config.where("sync.fragments"), fragments, params.size() - static_cast<std::size_t>(count_experts()));
       for (auto& tensors : params.fragments(fragments)) parts.push_back(make_parts(tensors));
     }
-    keeps_baseline = config.sync.shared_encoding == WireEncoding::Int8Delta ||
-                     config.sync.expert_encoding == WireEncoding::Int8Delta;
+    keeps_baseline = is_delta_encoding(config.sync.shared_encoding) || is_delta_encoding(config.sync.expert_encoding);
     if (keeps_baseline) snapshot_baseline();
     feedback.resize(parts.size());
     suspect.assign(static_cast<std::size_t>(n), false);
@@ -208,7 +207,7 @@ struct SyncEngine::Impl {
     return gather(params, ranges, [this](std::size_t i) -> const float* { return params[i].data; });
   }
   std::vector<float> baseline_values(const std::vector<ParamRange>& ranges, WireEncoding e) const {
-    if (e != WireEncoding::Int8Delta) return {};
+    if (!is_delta_encoding(e)) return {};
     return gather(params, ranges, [this](std::size_t i) -> const float* { return synced[i].data(); });
   }
 
@@ -229,13 +228,25 @@ struct SyncEngine::Impl {
   StreamPtr encode(const StreamHeader& h, const std::vector<ParamRange>& ranges, WireEncoding e,
                    const std::vector<float>& values, std::vector<float>* residual, std::vector<float>& decoded,
                    std::uint64_t base_round) const {
-    if (e == WireEncoding::Int8Delta && base_round == 0) e = WireEncoding::Fp32;
+    // Without a base round a delta encoding goes out as fp32, which spends the residual: int8's
+    // (at most half a step) is dropped; sparse's holds whole updates not sent yet, so they go out
+    // with the values instead of being lost.
+    const std::vector<float>* sent = &values;
+    std::vector<float> with_residual;
+    if (is_delta_encoding(e) && base_round == 0) {
+      if (e == WireEncoding::Sparse && residual && residual->size() == values.size()) {
+        with_residual = values;
+        for (std::size_t i = 0; i < values.size(); ++i) with_residual[i] += (*residual)[i];
+        sent = &with_residual;
+      }
+      e = WireEncoding::Fp32;
+    }
     const auto baseline = baseline_values(ranges, e);
     decoded.assign(values.size(), 0.0f);
-    auto stream = build_stream(h, params, ranges, e, values.data(), baseline.empty() ? nullptr : baseline.data(),
+    auto stream = build_stream(h, params, ranges, e, sent->data(), baseline.empty() ? nullptr : baseline.data(),
                                residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
-                               decoded.data());
-    if (e == WireEncoding::Int8Delta) {
+                               decoded.data(), SparseFormat::of(config.sync.sparse));
+    if (is_delta_encoding(e)) {
       stream->base_round = base_round;
       stream->make_full = [this, h, ranges, values = decoded]() -> StreamPtr {
         std::vector<float> same(values.size());
@@ -270,7 +281,7 @@ struct SyncEngine::Impl {
     double backoff = config.sync.retry_backoff_s;
     // One receiver across retries: a stream that broke off resumes at the chunk it reached.
     StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
-                            model_values(ranges), max_rel_change);
+                            model_values(ranges), max_rel_change, SparseFormat::of(config.sync.sparse));
     while (true) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
@@ -450,9 +461,9 @@ struct SyncEngine::Impl {
       update_baseline(parts[p], feedback[p], round, std::vector<bool>(static_cast<std::size_t>(n), all_aggregated),
                       experts_ok, merged);
       Feedback& fb = feedback[p];
-      if (config.sync.expert_encoding == WireEncoding::Int8Delta)
+      if (is_delta_encoding(config.sync.expert_encoding))
         std::fill(fb.residual_experts.begin(), fb.residual_experts.end(), 0.0f);
-      if (config.sync.shared_encoding == WireEncoding::Int8Delta) {
+      if (is_delta_encoding(config.sync.shared_encoding)) {
         std::fill(fb.residual_average.begin(), fb.residual_average.end(), 0.0f);
         for (auto& r : fb.residual_raw) std::fill(r.begin(), r.end(), 0.0f);
       }
@@ -722,7 +733,7 @@ namespace {
 // Byte counts indexed by spes.v1.Encoding value, keyed by encoding name (zeros left out).
 template <typename Counts>
 std::map<std::string, std::uint64_t> by_encoding_name(const Counts& counts) {
-  static const char* const names[] = {"unspecified", "fp32", "bf16", "int8_delta"};
+  static const char* const names[kWireEncodings] = {"unspecified", "fp32", "bf16", "int8_delta", "sparse"};
   std::map<std::string, std::uint64_t> out;
   for (std::size_t e = 0; e < counts.size(); ++e)
     if (const std::uint64_t b = counts[e]) out[names[e]] = b;
@@ -731,7 +742,7 @@ std::map<std::string, std::uint64_t> by_encoding_name(const Counts& counts) {
 }  // namespace
 
 std::map<std::string, std::uint64_t> SyncEngine::bytes_received_by_encoding() const {
-  std::array<std::uint64_t, 4> counts{};
+  std::array<std::uint64_t, kWireEncodings> counts{};
   for (std::size_t e = 0; e < counts.size(); ++e) counts[e] = impl_->bytes_in_by_encoding[e].load();
   return by_encoding_name(counts);
 }

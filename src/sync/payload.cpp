@@ -14,18 +14,24 @@ spes::v1::Encoding to_wire(WireEncoding e) {
     case WireEncoding::Fp32: return spes::v1::FP32;
     case WireEncoding::Bf16: return spes::v1::BF16;
     case WireEncoding::Int8Delta: return spes::v1::INT8_DELTA;
+    case WireEncoding::Sparse: return spes::v1::SPARSE_DELTA;
   }
   return spes::v1::ENCODING_UNSPECIFIED;
 }
 
-// Elements per piece so that its payload fits in chunk_bytes; int8 pieces hold whole blocks.
-std::int64_t piece_capacity(WireEncoding e, std::int64_t chunk_bytes, std::int64_t block) {
+// Elements per piece so that its payload fits in chunk_bytes; int8 pieces hold whole blocks,
+// sparse ones whole chunks.
+std::int64_t piece_capacity(WireEncoding e, std::int64_t chunk_bytes, std::int64_t block, const SparseFormat& sparse) {
   switch (e) {
     case WireEncoding::Fp32: return chunk_bytes / 4;
     case WireEncoding::Bf16: return chunk_bytes / 2;
     case WireEncoding::Int8Delta: {
       const std::int64_t blocks = std::max<std::int64_t>(1, chunk_bytes / (block + 4));
       return blocks * block;
+    }
+    case WireEncoding::Sparse: {
+      const auto per_chunk = static_cast<std::int64_t>(sparse.chunk_bytes(sparse.chunk));
+      return std::max<std::int64_t>(1, chunk_bytes / per_chunk) * sparse.chunk;
     }
   }
   return chunk_bytes;
@@ -72,13 +78,13 @@ void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, cons
 
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding encoding, const float* values, const float* baseline, float* residual,
-                       std::int64_t chunk_bytes, float* decoded) {
+                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse) {
   auto stream = std::make_shared<Stream>();
   std::int64_t pos = 0;
   for (const auto& r : ranges) {
     const ParamRef& p = params[r.param];
     const std::int64_t block = p.row();
-    const std::int64_t cap = piece_capacity(encoding, chunk_bytes, block);
+    const std::int64_t cap = piece_capacity(encoding, chunk_bytes, block, sparse);
     for (std::int64_t done = 0; done < r.count;) {
       const std::int64_t n = std::min(cap, r.count - done);
       spes::v1::TensorChunk chunk = new_chunk(header);
@@ -92,11 +98,17 @@ std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet&
       piece->set_count(static_cast<std::uint64_t>(n));
       const float* base = baseline ? baseline + pos : nullptr;
       std::string data;
-      encode_values(encoding, values + pos, base, residual ? residual + pos : nullptr, n, block, data, decoded + pos);
-      if (encoding == WireEncoding::Int8Delta) {
-        piece->set_block(static_cast<std::uint32_t>(block));
-        piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4));
+      float* res = residual ? residual + pos : nullptr;
+      if (encoding == WireEncoding::Sparse) {
+        encode_sparse(sparse, values + pos, base, res, n, data, decoded + pos);
+        piece->set_block(static_cast<std::uint32_t>(sparse.chunk));
+        piece->set_sparse_k(static_cast<std::uint32_t>(sparse.k));
+        piece->set_sparse_bits(static_cast<std::uint32_t>(sparse.bits));
+      } else {
+        encode_values(encoding, values + pos, base, res, n, block, data, decoded + pos);
+        if (encoding == WireEncoding::Int8Delta) piece->set_block(static_cast<std::uint32_t>(block));
       }
+      if (is_delta_encoding(encoding)) piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4));
       piece->set_crc32(crc32_of(data.data(), data.size()));
       piece->set_data(std::move(data));
       stream->chunks.push_back(std::move(chunk));
@@ -112,11 +124,12 @@ std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet&
 
 StreamReceiver::StreamReceiver(StreamHeader expected, const ParamSet& params, std::vector<ParamRange> ranges,
                                WireEncoding encoding, std::vector<float> baseline, std::vector<float> current,
-                               double max_rel_change)
+                               double max_rel_change, const SparseFormat& sparse)
     : expected_(std::move(expected)),
       params_(params),
       ranges_(std::move(ranges)),
       encoding_(encoding),
+      sparse_(sparse),
       baseline_(std::move(baseline)),
       current_(std::move(current)),
       values_(static_cast<std::size_t>(range_numel(ranges_))),
@@ -162,13 +175,18 @@ void StreamReceiver::add(const spes::v1::TensorChunk& chunk) {
   const std::int64_t block = enc == WireEncoding::Int8Delta ? static_cast<std::int64_t>(piece.block()) : 1;
   if (enc == WireEncoding::Int8Delta && block != p.row())
     raise(ErrorKind::Peer, "tensor '{}' has int8 block {}, expected {}", p.name, block, p.row());
+  if (enc == WireEncoding::Sparse &&
+      (piece.block() != sparse_.chunk || piece.sparse_k() != sparse_.k || piece.sparse_bits() != static_cast<std::uint32_t>(sparse_.bits)))
+    raise(ErrorKind::Peer, "tensor '{}' is sparse with chunk {}, k {}, {} bits; expected {}, {}, {} (configs differ?)", p.name,
+          piece.block(), piece.sparse_k(), piece.sparse_bits(), sparse_.chunk, sparse_.k, sparse_.bits);
   if (crc32_of(piece.data().data(), piece.data().size()) != piece.crc32())
     raise(ErrorKind::Peer, "tensor '{}' fails its checksum", p.name);
   const float* base = baseline_.empty() ? nullptr : baseline_.data() + flat_done_;
-  if (enc == WireEncoding::Int8Delta && crc32_of(base, static_cast<std::size_t>(count) * 4) != piece.baseline_crc32())
+  if (is_delta_encoding(enc) && crc32_of(base, static_cast<std::size_t>(count) * 4) != piece.baseline_crc32())
     raise(ErrorKind::Peer, "tensor '{}' is a delta against other weights than ours (a round was missed)", p.name);
   float* out = values_.data() + flat_done_;
-  decode_values(enc, piece.data(), base, count, block, out);
+  if (enc == WireEncoding::Sparse) decode_sparse(sparse_, piece.data(), base, count, out);
+  else decode_values(enc, piece.data(), base, count, block, out);
   const float* cur = current_.data() + flat_done_;
   for (std::int64_t i = 0; i < count; ++i) {
     if (!std::isfinite(out[i])) raise(ErrorKind::Peer, "tensor '{}' holds a non-finite value", p.name);

@@ -9,6 +9,7 @@
 
 #include "round_store.h"
 #include "spes/config/config.h"
+#include "spes/sync/codec.h"
 #include "spes/sync/params.h"
 
 namespace spes::sync_detail {
@@ -30,19 +31,23 @@ struct StreamHeader {
   std::vector<std::uint32_t> contributors;
 };
 
+// Values per spes.v1.Encoding (byte counts by encoding are arrays of this size).
+inline constexpr std::size_t kWireEncodings = 5;
+
 // Encodes `values` (flat over `ranges`) into chunks of at most chunk_bytes of payload.
-// baseline: flat last-synced values (int8_delta only); residual: flat error-feedback state, or
-// null for none; decoded: receives what receivers will reconstruct.
+// baseline: flat last-synced values (delta encodings only); residual: flat error-feedback state,
+// or null for none; decoded: receives what receivers will reconstruct; sparse: the layout when
+// `encoding` is sparse.
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding encoding, const float* values, const float* baseline, float* residual,
-                       std::int64_t chunk_bytes, float* decoded);
+                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse = {});
 
 // Validates and decodes one stream. add() and finish() throw Error(Peer) with the reason.
 class StreamReceiver {
  public:
   StreamReceiver(StreamHeader expected, const ParamSet& params, std::vector<ParamRange> ranges,
                  WireEncoding encoding, std::vector<float> baseline, std::vector<float> current,
-                 double max_rel_change);
+                 double max_rel_change, const SparseFormat& sparse = {});
   void add(const spes::v1::TensorChunk& chunk);
   void finish();
   std::vector<float>& values() { return values_; }
@@ -55,6 +60,7 @@ class StreamReceiver {
   const ParamSet& params_;
   std::vector<ParamRange> ranges_;
   WireEncoding encoding_;
+  SparseFormat sparse_;
   std::vector<float> baseline_, current_, values_;
   double max_rel_change_;
   std::vector<std::uint32_t> contributors_;

@@ -199,8 +199,8 @@ std::map<std::uint32_t, std::uint64_t> SyncServer::bytes_sent_by_requester() con
   return sent_to_;
 }
 
-std::array<std::uint64_t, 4> SyncServer::bytes_sent_by_encoding() const {
-  std::array<std::uint64_t, 4> out{};
+std::array<std::uint64_t, kWireEncodings> SyncServer::bytes_sent_by_encoding() const {
+  std::array<std::uint64_t, kWireEncodings> out{};
   for (std::size_t e = 0; e < out.size(); ++e) out[e] = sent_by_encoding_[e].load();
   return out;
 }

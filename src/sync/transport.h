@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "payload.h"
 #include "round_store.h"
 #include "spes/config/config.h"
 #include "spes/util/log.h"
@@ -72,7 +73,7 @@ class SyncServer {
   // Payload bytes sent so far, per requesting node id.
   std::map<std::uint32_t, std::uint64_t> bytes_sent_by_requester() const;
   // Payload bytes sent so far, by spes.v1.Encoding value (index).
-  std::array<std::uint64_t, 4> bytes_sent_by_encoding() const;
+  std::array<std::uint64_t, kWireEncodings> bytes_sent_by_encoding() const;
 
  private:
   class Service;
@@ -83,7 +84,7 @@ class SyncServer {
   int port_ = 0;
   std::atomic<std::uint64_t> bytes_sent_{0}, refused_{0};
   RefusalLog suspicious_;
-  std::array<std::atomic<std::uint64_t>, 4> sent_by_encoding_{};
+  std::array<std::atomic<std::uint64_t>, kWireEncodings> sent_by_encoding_{};
   mutable std::mutex sent_mutex_;
   std::map<std::uint32_t, std::uint64_t> sent_to_;
 };

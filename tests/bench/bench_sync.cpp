@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <future>
 #include <random>
 
@@ -40,8 +41,13 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
-// Bytes per value of an encoding, int8 scales included (one per row of d values).
-double value_bytes(WireEncoding e, std::int64_t d) {
+// Bytes per value of an encoding, int8 scales (one per row of d values) and sparse positions and
+// scales included.
+double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse) {
+  if (e == WireEncoding::Sparse) {
+    const std::int64_t n = sparse.chunk * 1000;
+    return static_cast<double>(SparseFormat::of(sparse).size(n)) / static_cast<double>(n);
+  }
   return static_cast<double>(encoded_size(e, d * 1000, d)) / static_cast<double>(d * 1000);
 }
 
@@ -101,7 +107,8 @@ struct Buffers {
 };
 
 // Runs `rounds` rounds between N in-process nodes; returns the traffic of the last round.
-Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncoding experts, int rounds) {
+Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncoding experts, const SparseConfig& sparse,
+                int rounds) {
   std::vector<int> ports;
   std::string peers;
   for (int i = 0; i < N; ++i) {
@@ -115,9 +122,11 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
     const std::string yaml = fmt::format(
         "run: {{name: bench, node_id: {}}}\nmodel: {{vocab_size: {}, d_model: {}, n_layers: {}, n_heads: {}, "
         "n_kv_heads: {}, d_ff: {}, n_experts: {}, top_k: {}}}\nmerge: {{alpha: 0}}\n"
-        "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n  peers:\n{}",
+        "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n"
+        "  sparse: {{chunk: {}, density: {}, bits: {}}}\n  peers:\n{}",
         i, model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads(), model.d_ff,
-        model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), peers);
+        model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), sparse.chunk,
+        sparse.density, sparse.bits, peers);
     engines.push_back(std::make_unique<SyncEngine>(parse_config(yaml, "bench"), buffers[i]->params));
   }
   Traffic t;
@@ -140,6 +149,40 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
   return t;
 }
 
+// Encode and decode speed on one core: seconds per 10^8 values (a round of `small` moves ~5·10^6
+// per node, of `1b` ~5·10^8), with error feedback, for int8_delta and each sparse setting.
+void codec_speed(const SparseConfig& base_sparse, std::int64_t row) {
+  const std::int64_t n = std::int64_t{1} << 24;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> base(n), values(n), residual(n, 0.0f), decoded(n), back(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    base[i] = normal(gen);
+    values[i] = base[i] + 0.05f * normal(gen);
+  }
+  auto seconds = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double per = 1e8 / static_cast<double>(n);
+  std::string bytes;
+  const double e8 = seconds([&] { encode_values(WireEncoding::Int8Delta, values.data(), base.data(), residual.data(), n, row, bytes, decoded.data()); });
+  const double d8 = seconds([&] { decode_values(WireEncoding::Int8Delta, bytes, base.data(), n, row, back.data()); });
+  std::printf("\ncodec speed, one core, seconds per 10^8 values (encode with error feedback / decode):\n");
+  std::printf("  %-16s %6.2f / %5.2f\n", "int8_delta", e8 * per, d8 * per);
+  for (double density : {0.01, 0.02, 0.05})
+    for (int bits : {2, 4}) {
+      SparseConfig s = base_sparse;
+      s.density = density;
+      s.bits = bits;
+      const SparseFormat f = SparseFormat::of(s);
+      const double e = seconds([&] { encode_sparse(f, values.data(), base.data(), residual.data(), n, bytes, decoded.data()); });
+      const double d = seconds([&] { decode_sparse(f, bytes, base.data(), n, back.data()); });
+      std::printf("  sparse %4.0f%% %db %6.2f / %5.2f\n", 100 * density, bits, e * per, d * per);
+    }
+}
+
 struct SyncBenchOptions {
   ConfigOptions config;
   int nodes = 4;
@@ -158,30 +201,45 @@ void run_sync_bench(const SyncBenchOptions& o) {
               format_count(S).c_str(), E, format_count(X).c_str(), N, E / N);
   std::printf("reference star (fp32): total %s per round, busiest link (server downlink) %s\n\n",
               format_bytes(ref.total).c_str(), format_bytes(ref.busiest).c_str());
-  std::printf("%-26s %12s %8s %12s %8s   %s\n", "encoding (shared/experts)", "total", "vs ref", "busiest", "vs ref",
+  std::printf("%-29s %12s %8s %12s %8s   %s\n", "encoding (shared/experts)", "total", "vs ref", "busiest", "vs ref",
               "target total / busiest");
   struct Case {
     WireEncoding e;
     double total_target, busiest_target;
+    SparseConfig sparse;
+  };
+  auto sparse = [&](double density, int bits) {
+    SparseConfig s = c.sync.sparse;
+    s.density = density;
+    s.bits = bits;
+    return Case{WireEncoding::Sparse, 0.02, 0.01, s};
   };
   const std::int64_t d = c.model.d_model;
-  for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25}, Case{WireEncoding::Bf16, 0.35, 0.0},
-                        Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12}}) {
-    const Traffic counted = spes_traffic(S, X, N, E, value_bytes(k.e, d), value_bytes(k.e, d));
+  for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25, {}}, Case{WireEncoding::Bf16, 0.35, 0.0, {}},
+                        Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12, {}}, sparse(0.01, 2), sparse(0.02, 2),
+                        sparse(0.05, 2), sparse(0.01, 4), sparse(0.02, 4), sparse(0.05, 4)}) {
+    const double bytes_per_value = value_bytes(k.e, d, k.sparse);
+    const Traffic counted = spes_traffic(S, X, N, E, bytes_per_value, bytes_per_value);
+    const std::string name = k.e == WireEncoding::Sparse
+                                 ? fmt::format("sparse {:g}% {}b", 100 * k.sparse.density, k.sparse.bits)
+                                 : wire_encoding_name(k.e);
     auto row = [&](const char* how, const Traffic& t) {
       const double rt = t.total / ref.total, rb = t.busiest / ref.busiest;
-      std::printf("%-10s %-15s %12s %7.3f× %12s %7.3f×   ≤ %.2f%s / %s%s\n", wire_encoding_name(k.e), how,
+      std::printf("%-14s %-14s %12s %7.4f× %12s %7.4f×   ≤ %.2f%s / %s%s\n", name.c_str(), how,
                   format_bytes(t.total).c_str(), rt, format_bytes(t.busiest).c_str(), rb, k.total_target,
                   rt <= k.total_target ? " met" : " MISSED",
                   k.busiest_target > 0 ? fmt::format("≤ {:.3f}", k.busiest_target).c_str() : "-",
                   k.busiest_target > 0 ? (rb <= k.busiest_target ? " met" : " MISSED") : "");
     };
     row("by count", counted);
-    if (o.measure) row("measured", measure(c.model, N, k.e, k.e, 2));
+    if (o.measure) row("measured", measure(c.model, N, k.e, k.e, k.sparse, 2));
   }
   if (o.measure)
-    std::printf("\nmeasured = gRPC payload bytes sent by the nodes' services in round 2 (round 1 of int8_delta is fp32:\n"
-              "it sets the shared baseline), %d in-process nodes on 127.0.0.1\n", N);
+    std::printf("\nmeasured = gRPC payload bytes sent by the nodes' services in round 2 (round 1 of int8_delta and\n"
+                "sparse is fp32: it sets the shared baseline), %d in-process nodes on 127.0.0.1\n", N);
+  std::printf("sparse: chunks of %lld values (sync.sparse.chunk); positions %d bits each, one fp32 scale per chunk\n",
+              static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits());
+  if (o.measure) codec_speed(c.sync.sparse, d);
 }
 
 }  // namespace

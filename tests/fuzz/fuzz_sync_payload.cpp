@@ -26,7 +26,9 @@ struct Model {
   }
 };
 
-const WireEncoding kEncodings[] = {WireEncoding::Fp32, WireEncoding::Bf16, WireEncoding::Int8Delta};
+const WireEncoding kEncodings[] = {WireEncoding::Fp32, WireEncoding::Bf16, WireEncoding::Int8Delta, WireEncoding::Sparse};
+constexpr std::size_t kEncodingCount = sizeof kEncodings / sizeof kEncodings[0];
+const SparseFormat kSparse{256, 13, 2};  // small chunks, so a 2 KiB tensor has several
 
 StreamHeader header() {
   StreamHeader h;
@@ -46,11 +48,11 @@ void write_seeds(const std::filesystem::path& dir) {
   const auto current = gather(m.params, ranges, [&](std::size_t i) { return m.params[i].data; });
   std::vector<float> values(current), baseline(current);
   for (auto& v : values) v *= 1.01f;
-  for (std::size_t e = 0; e < 3; ++e) {
+  for (std::size_t e = 0; e < kEncodingCount; ++e) {
     std::vector<float> decoded(values.size());
     auto stream = build_stream(header(), m.params, ranges, kEncodings[e], values.data(),
-                               kEncodings[e] == WireEncoding::Int8Delta ? baseline.data() : nullptr, nullptr, 4096,
-                               decoded.data());
+                               is_delta_encoding(kEncodings[e]) ? baseline.data() : nullptr, nullptr, 4096,
+                               decoded.data(), kSparse);
     std::string bytes(1, static_cast<char>(e));
     for (const auto& chunk : stream->chunks) {
       const std::string s = chunk.SerializeAsString();
@@ -67,10 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const auto ranges = m.params.shared_slice(0, 1);
   static const auto current = gather(m.params, ranges, [&](std::size_t i) { return m.params[i].data; });
   if (size < 1) return 0;
-  const WireEncoding encoding = kEncodings[data[0] % 3];
-  std::vector<float> baseline = encoding == WireEncoding::Int8Delta ? current : std::vector<float>{};
+  const WireEncoding encoding = kEncodings[data[0] % kEncodingCount];
+  std::vector<float> baseline = is_delta_encoding(encoding) ? current : std::vector<float>{};
   try {
-    StreamReceiver receiver(header(), m.params, ranges, encoding, baseline, current, 1.0);
+    StreamReceiver receiver(header(), m.params, ranges, encoding, baseline, current, 1.0, kSparse);
     std::size_t at = 1;
     while (at + 4 <= size) {
       std::uint32_t n = 0;

@@ -8,6 +8,7 @@
 #   E. 2 nodes killed (SIGKILL) after their step-20 shards, resumed from them: the weights after
 #      the last round are bit-identical to an uninterrupted run's;
 #   E2. the same with int8 deltas and bf16 on the wire: bit-identical too (residuals in the shard);
+#   E3. the same with sparse deltas (top 5% per chunk, 2 bits): bit-identical too;
 #   F. `spes ckpt merge` of E's two step-20 shards: the whole model (equal to what each node held
 #      after the round), exported, then resumed by one node owning all experts (a new node count).
 # usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
@@ -84,22 +85,31 @@ for i in 0 1; do cmp -s "$TMP/e_full/dump/node$i/round10_post.safetensors" "$TMP
 [[ $same -eq 1 ]] && echo "ok   E: 2 nodes killed and resumed from step 20: bit-identical to the uninterrupted run after round 10" ||
   fail "E: resumed run differs from the uninterrupted one"
 
-# ---- E2: the same with int8 deltas and bf16 (lossy: residuals and baselines live in the shard) ----
-LOSSY=(--set merge.alpha=0 --set sync.encoding.shared=int8_delta --set sync.encoding.experts=bf16)
-start_cluster e2_full 2 40 10 "${LOSSY[@]}"
-wait_cluster e2_full
-start_cluster e2 2 40 10 "${LOSSY[@]}" --set checkpoint.every=20
-kill_after_step20_shards e2
-rm -f "$TMP"/e2/dump/node*/round4_post.safetensors
-[[ -f $TMP/e2/node0/checkpoints/step-00000020/sync.safetensors ]] || fail "E2: the shard holds no residuals"
-start_cluster e2 2 40 10 "${LOSSY[@]}" --set checkpoint.every=20 --set checkpoint.resume=step-00000020
-wait_cluster e2
-grep -q "restored the error-feedback residuals and baselines of round 2" "$TMP/e2/node1.log" ||
-  fail "E2: node 1 did not restore its residuals"
-same=1
-for i in 0 1; do cmp -s "$TMP/e2_full/dump/node$i/round4_post.safetensors" "$TMP/e2/dump/node$i/round4_post.safetensors" || same=0; done
-[[ $same -eq 1 ]] && echo "ok   E2: int8/bf16 run killed and resumed from step 20: bit-identical after round 4" ||
-  fail "E2: resumed lossy run differs from the uninterrupted one"
+# ---- E2/E3: the same with lossy encodings (residuals and baselines live in the shard) ----
+# resume_lossy NAME LABEL --set ...: runs 40 steps whole, then killed after step 20 and resumed.
+resume_lossy() {
+  local name=$1 label=$2
+  shift 2
+  start_cluster "${name}_full" 2 40 10 "$@"
+  wait_cluster "${name}_full"
+  start_cluster "$name" 2 40 10 "$@" --set checkpoint.every=20
+  kill_after_step20_shards "$name"
+  rm -f "$TMP/$name"/dump/node*/round4_post.safetensors
+  [[ -f $TMP/$name/node0/checkpoints/step-00000020/sync.safetensors ]] || fail "$name: the shard holds no residuals"
+  start_cluster "$name" 2 40 10 "$@" --set checkpoint.every=20 --set checkpoint.resume=step-00000020
+  wait_cluster "$name"
+  grep -q "restored the error-feedback residuals and baselines of round 2" "$TMP/$name/node1.log" ||
+    fail "$name: node 1 did not restore its residuals"
+  local same=1 i
+  for i in 0 1; do
+    cmp -s "$TMP/${name}_full/dump/node$i/round4_post.safetensors" "$TMP/$name/dump/node$i/round4_post.safetensors" || same=0
+  done
+  [[ $same -eq 1 ]] && echo "ok   $name: $label run killed and resumed from step 20: bit-identical after round 4" ||
+    fail "$name: resumed $label run differs from the uninterrupted one"
+}
+resume_lossy e2 int8/bf16 --set merge.alpha=0 --set sync.encoding.shared=int8_delta --set sync.encoding.experts=bf16
+resume_lossy e3 sparse --set merge.alpha=0 --set sync.encoding.shared=sparse --set sync.encoding.experts=sparse \
+  --set sync.sparse.chunk=256 --set sync.sparse.density=0.05
 
 # ---- F: merge the step-20 shards, export, reshard to one node ----
 E0=$TMP/e/node0/checkpoints/step-00000020

@@ -112,6 +112,144 @@ TEST(Codec, ErrorFeedbackKeepsAccumulatedErrorBounded) {
   EXPECT_GT(int8_nofb, int8_fb);
 }
 
+// ---- sparse: top-k per chunk, 2/4/8-bit values, error feedback ----
+
+TEST(Codec, SparsePicksTheLargestPerChunkWithExactPositions) {
+  const SparseFormat f{256, 8, 2};
+  const std::int64_t n = 256 * 3 + 100;  // three full chunks and a short one (k = ceil(8*100/256) = 4)
+  EXPECT_EQ(f.k_of(100), 4);
+  EXPECT_EQ(f.index_bits(), 8);
+  EXPECT_EQ(f.chunk_bytes(256), 4u + (8 * (8 + 2) + 7) / 8);
+  auto base = randn(n, 7);
+  auto delta = randn(n, 8, 0.01f);
+  std::vector<float> v(n), residual(n, 0.0f), decoded(n), back(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = base[i] + delta[i];
+  std::vector<float> dv(n);  // the delta as the codec sees it (v - base in float)
+  for (std::int64_t i = 0; i < n; ++i) dv[i] = v[i] - base[i];
+  std::string bytes;
+  encode_sparse(f, v.data(), base.data(), residual.data(), n, bytes, decoded.data());
+  EXPECT_EQ(bytes.size(), f.size(n));
+  decode_sparse(f, bytes, base.data(), n, back.data());
+  EXPECT_EQ(back, decoded);  // the sender's view is the receiver's, bit for bit
+  for (std::int64_t lo = 0; lo < n; lo += f.chunk) {
+    const std::int64_t len = std::min(f.chunk, n - lo), k = f.k_of(len);
+    // The positions sent are exactly the k largest |delta| of the chunk.
+    std::vector<std::int64_t> order(len);
+    for (std::int64_t i = 0; i < len; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return std::fabs(dv[lo + a]) > std::fabs(dv[lo + b]); });
+    std::vector<bool> largest(len, false);
+    for (std::int64_t j = 0; j < k; ++j) largest[order[j]] = true;
+    const float amax = std::fabs(dv[lo + order[0]]), scale = amax / 1.5f;  // 2 bits: levels ±0.5, ±1.5
+    for (std::int64_t i = 0; i < len; ++i) {
+      const std::int64_t at = lo + i;
+      const bool sent = back[at] != base[at];
+      EXPECT_EQ(sent, largest[i]) << "value " << at;
+      if (!largest[i]) {
+        EXPECT_EQ(residual[at], dv[at]) << at;  // unsent: whole in the residual
+      } else {
+        EXPECT_LE(std::fabs((back[at] - base[at]) - dv[at]), scale / 2 * 1.001f + 1e-6f) << at;  // half a step
+        EXPECT_NEAR(residual[at], dv[at] - (back[at] - base[at]), 1e-6f) << at;
+      }
+    }
+  }
+}
+
+TEST(Codec, SparseBitsSetTheStep) {
+  const std::int64_t n = 4096;
+  auto base = randn(n, 9);
+  auto delta = randn(n, 10, 0.01f);
+  std::vector<float> v(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = base[i] + delta[i];
+  double previous = 1e9;
+  for (int bits : {2, 4, 8}) {
+    const SparseFormat f{4096, 410, bits};
+    std::string bytes;
+    std::vector<float> residual(n, 0.0f), decoded(n);
+    encode_sparse(f, v.data(), base.data(), residual.data(), n, bytes, decoded.data());
+    double err = 0;  // error on the sent values only
+    for (std::int64_t i = 0; i < n; ++i)
+      if (decoded[i] != base[i]) err = std::max(err, static_cast<double>(std::fabs(residual[i])));
+    EXPECT_LT(err, previous) << bits << " bits";
+    previous = err;
+    EXPECT_EQ(bytes.size(), 4u + static_cast<std::size_t>((410 * (12 + bits) + 7) / 8));
+  }
+}
+
+// Over many rounds, what was sent plus what waits in the buffer is every delta: nothing lost.
+TEST(Codec, SparseErrorFeedbackCarriesEveryUnsentValue) {
+  const SparseFormat f{128, 3, 2};
+  const std::int64_t n = 1000;
+  auto w = randn(n, 11);
+  std::vector<double> exact(w.begin(), w.end());
+  std::vector<float> synced = w, residual(n, 0.0f), decoded(n);
+  std::mt19937 gen(12);
+  std::normal_distribution<float> noise(0.0f, 1e-3f);
+  for (int round = 0; round < 200; ++round) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float u = noise(gen) + 5e-4f;
+      w[i] += u;
+      exact[i] += u;
+    }
+    std::string bytes;
+    encode_sparse(f, w.data(), synced.data(), residual.data(), n, bytes, decoded.data());
+    synced = w = decoded;
+  }
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(static_cast<double>(w[i]) + residual[i], exact[i], 1e-4) << i;
+}
+
+TEST(Codec, MalformedSparsePayloadsAreRefused) {
+  const SparseFormat f{256, 4, 4};
+  const std::int64_t n = 512;
+  auto base = randn(n, 13);
+  auto v = randn(n, 14);
+  std::string good;
+  std::vector<float> decoded(n), out(n);
+  encode_sparse(f, v.data(), base.data(), nullptr, n, good, decoded.data());
+  auto refused = [&](std::string bytes, const SparseFormat& g, const char* why) {
+    try {
+      decode_sparse(g, bytes, base.data(), n, out.data());
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Peer) << why;
+    }
+  };
+  refused(good.substr(1), f, "a byte short");
+  refused(good + "x", f, "a byte long");
+  refused(good, SparseFormat{256, 300, 4}, "k above the chunk");
+  refused(good, SparseFormat{256, 4, 3}, "3 bits");
+  auto with_scale = [&](float s) {
+    std::string b = good;
+    std::memcpy(b.data(), &s, 4);
+    return b;
+  };
+  refused(with_scale(NAN), f, "NaN scale");
+  refused(with_scale(INFINITY), f, "infinite scale");
+  refused(with_scale(-1.0f), f, "negative scale");
+  // Positions: 8 bits each after the scale; make the second equal the first, then smaller.
+  std::string repeated = good;
+  repeated[5] = repeated[4];
+  refused(repeated, f, "a repeated position");
+  std::string falling = good;
+  falling[4] = static_cast<char>(200);
+  falling[5] = static_cast<char>(100);
+  refused(falling, f, "positions out of order");
+  // A short last chunk of 100 values: a position of 150 is past its end.
+  const std::int64_t m = 356;
+  std::string tail;
+  std::vector<float> d2(m);
+  encode_sparse(f, v.data(), base.data(), nullptr, m, tail, d2.data());
+  const std::size_t last = f.chunk_bytes(256) + 4;
+  tail[last + f.k_of(100) - 1] = static_cast<char>(150);
+  try {
+    decode_sparse(f, tail, base.data(), m, out.data());
+    ADD_FAILURE() << "accepted a position past the short chunk";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("below 100"), std::string::npos) << e.what();
+  }
+  decode_sparse(f, good, base.data(), n, out.data());  // the untouched payload still decodes
+  EXPECT_EQ(out, decoded);
+}
+
 // ---- stream validation: every check a received tensor must pass ----
 using sync_detail::build_stream;
 using sync_detail::StreamHeader;

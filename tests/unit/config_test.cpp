@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "spes/config/config.h"
 #include "spes/util/error.h"
 #include "test_paths.h"
@@ -111,6 +113,34 @@ TEST(Config, RoundDeadlineSettingsAreChecked) {
   const std::string floor = with("sync.min_round_timeout_s=0");
   EXPECT_NE(floor.find("sync.min_round_timeout_s"), std::string::npos) << floor;
   EXPECT_NE(floor.find("must be positive"), std::string::npos) << floor;
+}
+
+TEST(Config, SparseSettingsAreChecked) {
+  const std::vector<std::string> sync = {"sync.every=20", "sync.token=t", "sync.insecure=true",
+                                         "sync.peers=[{id: 0, address: '127.0.0.1:1'}, {id: 1, address: '127.0.0.1:2'}]",
+                                         "sync.encoding.shared=sparse", "sync.encoding.experts=sparse"};
+  const Config c = parse_config(kMinimal, "m.yaml", sync);
+  EXPECT_EQ(c.sync.shared_encoding, WireEncoding::Sparse);
+  EXPECT_EQ(c.sync.sparse.chunk, 4096);
+  EXPECT_EQ(c.sync.sparse.k(), 82);  // round(0.02 x 4096)
+  EXPECT_EQ(c.sync.sparse.bits, 2);
+  auto with = [&](const std::string& kv) {
+    auto v = sync;
+    v.push_back(kv);
+    return config_error(kMinimal, v);
+  };
+  for (const auto& [kv, key, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"sync.sparse.bits=3", "sync.sparse.bits", "2, 4 or 8"},
+           {"sync.sparse.density=0", "sync.sparse.density", "(0, 1]"},
+           {"sync.sparse.density=1.5", "sync.sparse.density", "(0, 1]"},
+           {"sync.sparse.chunk=32", "sync.sparse.chunk", "between 64 and 65536"},
+           {"sync.sparse.chunk=100000", "sync.sparse.chunk", "between 64 and 65536"},
+           {"sync.fragments=2", "sync.fragments", "sparse"},
+           {"sync.encoding.shared=sparse4", "sync.encoding.shared", "or sparse"}}) {
+    const std::string msg = with(kv);
+    EXPECT_NE(msg.find(key), std::string::npos) << kv << ": " << msg;
+    EXPECT_NE(msg.find(why), std::string::npos) << kv << ": " << msg;
+  }
 }
 
 TEST(Config, ComplexKeysAreRefusedWithTheLine) {

@@ -90,8 +90,20 @@ struct TrainConfig {
 };
 
 // How tensor values travel between nodes (see spes/sync/codec.h).
-enum class WireEncoding { Fp32, Bf16, Int8Delta };
+enum class WireEncoding { Fp32, Bf16, Int8Delta, Sparse };
 const char* wire_encoding_name(WireEncoding encoding);
+// int8_delta and sparse: sent as a difference against the last synced weights (a baseline).
+bool is_delta_encoding(WireEncoding encoding);
+
+// The sparse encoding (sync.sparse, docs/protocol.md): per chunk of `chunk` values, the
+// round(density x chunk) largest deltas, quantized to `bits` bits; the rest waits in the
+// sender's error-feedback buffer.
+struct SparseConfig {
+  std::int64_t chunk = 4096;
+  double density = 0.02;
+  int bits = 2;
+  std::int64_t k() const;  // values sent per full chunk (at least 1)
+};
 
 struct PeerConfig {
   int id = 0;
@@ -115,6 +127,7 @@ struct SyncConfig : Credentials {
   std::string run_id;                 // empty = run.name; checked on every message
   WireEncoding shared_encoding = WireEncoding::Fp32;
   WireEncoding expert_encoding = WireEncoding::Fp32;
+  SparseConfig sparse;                 // when an encoding is sparse
   std::int64_t chunk_bytes = 4 << 20;  // payload bytes per streamed message
   double round_timeout_s = 600;        // a peer not answering within this is skipped this round
   // Adaptive deadline (docs/protocol.md, "Round deadline"): a round's deadline is deadline_factor ×

@@ -2,7 +2,10 @@
 //   fp32        exact;
 //   bf16        the upper half of each float, rounded to nearest even (half the bytes);
 //   int8_delta  the difference against the last synced weights, quantized to int8 with one fp32
-//               scale per block of values (about a quarter of the bytes).
+//               scale per block of values (about a quarter of the bytes);
+//   sparse      that difference, but per chunk only the k largest in magnitude: their positions
+//               bit-packed within the chunk, their values quantized to 2, 4 or 8 bits with one
+//               fp32 scale per chunk (SparseLoCo's payload; about 1/100 of the bytes at 2%, 2 bits).
 // Lossy encodings use error feedback: the sender keeps what quantization lost (the residual) and
 // adds it to what it sends next time, so the error does not accumulate over rounds.
 #pragma once
@@ -30,6 +33,31 @@ void encode_values(WireEncoding encoding, const float* values, const float* base
 // match the encoding.
 void decode_values(WireEncoding encoding, std::string_view bytes, const float* baseline,
                    std::int64_t count, std::int64_t block, float* out);
+
+// The sparse layout of a run (sync.sparse). A piece of `count` values is cut into chunks of
+// `chunk` values from its start (the last may be shorter); chunk j of n values carries k_of(n)
+// values: [fp32 scale][k_of(n) positions, index_bits() bits each, ascending][k_of(n) codes, `bits`
+// bits each], padded to a whole byte. Code c stands for (c - (2^bits - 1) / 2) x scale.
+struct SparseFormat {
+  std::int64_t chunk = 4096;
+  std::int64_t k = 82;
+  int bits = 2;
+
+  static SparseFormat of(const SparseConfig& config) { return {config.chunk, config.k(), config.bits}; }
+  std::int64_t k_of(std::int64_t n) const;   // values sent of a chunk of n
+  int index_bits() const;                    // bits per position (enough for chunk - 1)
+  std::size_t chunk_bytes(std::int64_t n) const;
+  std::size_t size(std::int64_t count) const;  // bytes of a piece of count values
+};
+
+// Encodes v = values − baseline (+ residual) sparsely; afterwards residual = v − what was sent
+// (every unsent value whole), decoded = baseline + what was sent.
+void encode_sparse(const SparseFormat& format, const float* values, const float* baseline, float* residual,
+                   std::int64_t count, std::string& out, float* decoded);
+// out = baseline + the sent values (zero elsewhere). Throws Error(Peer) on a wrong byte count, a
+// scale that is negative or not finite, positions out of order, repeated or past the chunk.
+void decode_sparse(const SparseFormat& format, std::string_view bytes, const float* baseline, std::int64_t count,
+                   float* out);
 
 // zlib crc32 of a byte range.
 std::uint32_t crc32_of(const void* data, std::size_t size);

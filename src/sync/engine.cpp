@@ -91,6 +91,9 @@ struct SyncEngine::Impl {
   std::array<std::atomic<std::uint64_t>, kWireEncodings> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
   std::atomic<std::uint64_t> resumed{0};                // streams resumed mid-way, this round
   RoundDeadline deadlines;                              // when timeout_s is 0: from measured rounds
+  // The run's last round with a sparse encoding: sent in fp32 with the residuals folded in, so
+  // the final weights hold every update (sparse residuals are whole updates not sent yet).
+  bool dense_round = false;
 
   Impl(const Config& c, ParamSet p, SyncMembership m)
       : config(c),
@@ -233,7 +236,7 @@ struct SyncEngine::Impl {
     // with the values instead of being lost.
     const std::vector<float>* sent = &values;
     std::vector<float> with_residual;
-    if (is_delta_encoding(e) && base_round == 0) {
+    if (is_delta_encoding(e) && (base_round == 0 || (dense_round && e == WireEncoding::Sparse))) {
       if (e == WireEncoding::Sparse && residual && residual->size() == values.size()) {
         with_residual = values;
         for (std::size_t i = 0; i < values.size(); ++i) with_residual[i] += (*residual)[i];
@@ -472,6 +475,12 @@ struct SyncEngine::Impl {
 
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s, int fragment) {
     if (observer) return observe_round(round, step);
+    const std::int64_t period = config.sync.period();
+    dense_round = period > 0 && static_cast<std::int64_t>(round) == (config.train.steps + period - 1) / period &&
+                  (config.sync.shared_encoding == WireEncoding::Sparse || config.sync.expert_encoding == WireEncoding::Sparse);
+    if (dense_round)
+      spdlog::info("sync: round {} is the run's last: sparse parts go out in fp32 with what their error feedback held back",
+                   round);
     const std::size_t which = parts_index(fragment);
     const RoundParts& P = parts[which];
     Feedback& fb = feedback[which];

@@ -46,11 +46,7 @@ echo "link-bench-$$" > "$OUT/token"
 port=7400
 if [[ $use_proxy == 1 ]]; then
   port=7401
-  for i in 0 1; do
-    ip netns exec "${NS[$i]}" python3 scripts/delay_proxy.py "${IP[$i]}:7401" "127.0.0.1:7400" "$DELAY" \
-      > "$OUT/proxy$i.log" 2>&1 &
-    pids+=($!)
-  done
+  netns_delay_proxies "$DELAY" "$OUT"
 fi
 peers="[{id: 0, address: '${IP[0]}:$port'}, {id: 1, address: '${IP[1]}:$port'}]"
 export OPENBLAS_NUM_THREADS=1

@@ -58,11 +58,7 @@ run_scenario() {
   local port=7400
   if [[ $name == delay* ]]; then
     port=7401
-    for i in 0 1; do
-      ip netns exec "${NS[$i]}" python3 scripts/delay_proxy.py "${IP[$i]}:7401" "127.0.0.1:7400" "${name#delay}" \
-        > "$out/proxy$i.log" 2>&1 &
-      pids+=($!)
-    done
+    netns_delay_proxies "${name#delay}" "$out"
   fi
   local peers="[{id: 0, address: '${IP[0]}:$port'}, {id: 1, address: '${IP[1]}:$port'}]"
   if [[ $name == loss* ]]; then

@@ -2,6 +2,9 @@
 # Source it, set NETNS_PREFIX, then:
 #   netns_up RATE_MBIT   namespaces ${NS[0]} ${NS[1]} with addresses ${IP[0]} ${IP[1]}, the veth
 #                        capped with tc tbf at RATE Mbit/s in each direction
+#   netns_delay_proxies DELAY_MS LOGDIR
+#                        scripts/delay_proxy.py on ${IP[i]}:7401 in front of each node's service on
+#                        :7400 (DELAY_MS each way; this kernel has no netem); peers dial :7401
 #   netns_down           kills the processes in ${pids[@]} (by id) and deletes the namespaces
 # Needs root (ip netns, tc).
 NS=("${NETNS_PREFIX:-spes_ns}0" "${NETNS_PREFIX:-spes_ns}1")
@@ -26,5 +29,14 @@ netns_up() {
     ip -n "${NS[$i]}" link set lo up
     # Egress shaping on both ends: RATE in each direction of the full-duplex link.
     ip netns exec "${NS[$i]}" tc qdisc add dev "${NS[$i]}v" root tbf rate "${rate}mbit" burst 64kb latency 50ms
+  done
+}
+
+netns_delay_proxies() {
+  local delay=$1 logdir=$2 i
+  for i in 0 1; do
+    ip netns exec "${NS[$i]}" python3 scripts/delay_proxy.py "${IP[$i]}:7401" "127.0.0.1:7400" "$delay" \
+      > "$logdir/proxy$i.log" 2>&1 &
+    pids+=($!)
   done
 }

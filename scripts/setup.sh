@@ -28,7 +28,8 @@ PACKAGES=(
   prometheus           # the tests' real scrape of a local cluster (not needed to run spes)
   chromium             # the tests load the run's live page in headless Chromium (not needed to run spes)
   clang                # libFuzzer + AddressSanitizer for scripts/fuzz.sh (not needed to run spes)
-  iptables             # packet loss and outages in scripts/net_faults.sh (not needed to run spes)
+  iptables             # packet loss and outages in scripts/net_faults.sh and soak.sh (not needed to run spes)
+  curl                 # the tests send a raw gRPC call to a node (not needed to run spes)
   gnuplot-nox openssl iproute2 python3 python3-numpy python3-venv
   bible-kjv   # the demo corpus: the King James Bible, printed by `bible -f`
 )

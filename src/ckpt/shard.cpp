@@ -196,8 +196,6 @@ std::vector<std::string> list_shards(const std::string& dir) {
 }
 
 void remove_abandoned_shards(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;
   for (const auto& name : remove_abandoned_temporaries(dir))
     spdlog::warn("checkpoint: removed {}/{}, a shard whose writer was killed before it finished", dir, name);
 }

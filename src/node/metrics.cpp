@@ -72,9 +72,10 @@ std::uint64_t EngineTotal::update(std::uint64_t engine_figure) {
 
 void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const SyncEngine& engine, std::int64_t delay) {
   const std::uint64_t calls_refused = refused_calls_.update(engine.calls_refused());
-  refusals_.calls = suspicious_calls_.update(engine.suspicious_calls());
-  if (std::string last = engine.last_suspicious_call(); !last.empty() && last != last_suspicious_call_)
-    refusals_.last = last_suspicious_call_ = std::move(last);
+  if (const std::uint64_t calls = suspicious_calls_.update(engine.suspicious_calls()); calls > refusals_.calls) {
+    refusals_.calls = calls;
+    refusals_.last = engine.last_suspicious_call();
+  }
   for (const auto& k : r.skipped)
     if (k.reason.find("rejected payload") != std::string::npos) {
       ++refusals_.payloads;
@@ -98,12 +99,9 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const Syn
   for (const auto& b : r.by_peer) {
     const MetricLabels peer{{"peer", std::to_string(b.peer)}};
     received_[b.peer] += static_cast<double>(b.in);
-    // The engine's per-peer sent total starts again at a plan change (a new engine).
-    const double now = static_cast<double>(b.out_total), before = sent_last_[b.peer];
-    sent_[b.peer] += now >= before ? now - before : now;
-    sent_last_[b.peer] = now;
     server_->set_counter("spes_sync_received_bytes_total", "Sync payload bytes received, by peer", received_[b.peer], peer);
-    server_->set_counter("spes_sync_sent_bytes_total", "Sync payload bytes this node's service sent, by peer", sent_[b.peer], peer);
+    server_->set_counter("spes_sync_sent_bytes_total", "Sync payload bytes this node's service sent, by peer",
+                         static_cast<double>(sent_[b.peer].update(b.out_total)), peer);
   }
   for (const auto& k : r.skipped) {
     const std::string why = skip_reason_class(k.reason);
@@ -113,18 +111,14 @@ void NodeMetrics::round(const SyncRoundReport& r, std::size_t members, const Syn
       server_->set_counter("spes_sync_rejected_payloads_total", "Payloads refused by validation, by reason",
                            ++rejected_[why], {{"reason", why}});
   }
-  auto add_by_encoding = [&](const std::map<std::string, std::uint64_t>& engine_counts, std::map<std::string, double>& totals,
-                             std::map<std::string, double>& last, const std::string& name, const std::string& help) {
-    for (const auto& [encoding, bytes] : engine_counts) {
-      const double now = static_cast<double>(bytes), before = last[encoding];
-      totals[encoding] += now >= before ? now - before : now;  // a new engine counts from zero
-      last[encoding] = now;
-      server_->set_counter(name, help, totals[encoding], {{"encoding", encoding}});
-    }
+  auto add_by_encoding = [&](const std::map<std::string, std::uint64_t>& engine_counts,
+                             std::map<std::string, EngineTotal>& totals, const std::string& name, const std::string& help) {
+    for (const auto& [encoding, bytes] : engine_counts)
+      server_->set_counter(name, help, static_cast<double>(totals[encoding].update(bytes)), {{"encoding", encoding}});
   };
-  add_by_encoding(engine.bytes_received_by_encoding(), by_encoding_, by_encoding_last_,
+  add_by_encoding(engine.bytes_received_by_encoding(), received_by_encoding_,
                   "spes_sync_received_bytes_by_encoding_total", "Sync payload bytes received, by wire encoding");
-  add_by_encoding(engine.bytes_sent_by_encoding(), sent_by_encoding_, sent_by_encoding_last_,
+  add_by_encoding(engine.bytes_sent_by_encoding(), sent_by_encoding_,
                   "spes_sync_sent_bytes_by_encoding_total", "Sync payload bytes this node's service sent, by wire encoding");
   const double alive = static_cast<double>(members > 0 ? members - 1 : 0) - static_cast<double>(r.skipped.size());
   server_->set_gauge("spes_sync_peers_alive", "Other members that took part in the last round", std::max(0.0, alive));

@@ -231,13 +231,14 @@ struct SyncEngine::Impl {
   StreamPtr encode(const StreamHeader& h, const std::vector<ParamRange>& ranges, WireEncoding e,
                    const std::vector<float>& values, std::vector<float>* residual, std::vector<float>& decoded,
                    std::uint64_t base_round) const {
-    // Without a base round a delta encoding goes out as fp32, which spends the residual: int8's
-    // (at most half a step) is dropped; sparse's holds whole updates not sent yet, so they go out
-    // with the values instead of being lost.
+    // Without a base round (and, for sparse, in the run's last round) a delta encoding goes out as
+    // fp32, which spends the residual: int8's (at most half a step) is dropped; sparse's holds
+    // whole updates not sent yet, so they go out with the values instead of being lost.
+    const bool sparse = e == WireEncoding::Sparse;
     const std::vector<float>* sent = &values;
     std::vector<float> with_residual;
-    if (is_delta_encoding(e) && (base_round == 0 || (dense_round && e == WireEncoding::Sparse))) {
-      if (e == WireEncoding::Sparse && residual && residual->size() == values.size()) {
+    if (is_delta_encoding(e) && (base_round == 0 || (sparse && dense_round))) {
+      if (sparse && residual && residual->size() == values.size()) {
         with_residual = values;
         for (std::size_t i = 0; i < values.size(); ++i) with_residual[i] += (*residual)[i];
         sent = &with_residual;

@@ -67,12 +67,11 @@ class NodeMetrics {
   std::uint64_t rounds_ = 0, checkpoints_ = 0;
   EngineTotal refused_calls_, suspicious_calls_;
   NodeRefusals refusals_;
-  std::string last_suspicious_call_;
-  std::map<int, double> received_, sent_, sent_last_;  // per peer: totals, and the engine's last figure
+  std::map<int, double> received_;  // per peer
+  std::map<int, EngineTotal> sent_;  // per peer (the engine's figure starts again at a plan change)
   std::map<std::pair<int, std::string>, double> skips_;
   std::map<std::string, double> rejected_;
-  // Per encoding, received and sent: totals, and the engine's last figure (a new engine counts from zero).
-  std::map<std::string, double> by_encoding_, by_encoding_last_, sent_by_encoding_, sent_by_encoding_last_;
+  std::map<std::string, EngineTotal> received_by_encoding_, sent_by_encoding_;
 };
 
 // A short, bounded label for why a peer was skipped (Prometheus labels must not be free text):

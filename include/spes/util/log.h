@@ -17,10 +17,6 @@ void init_logging(const std::string& level, const std::string& file = "");
 // bytes outside printable ASCII become '?', and it is cut at max_chars.
 std::string printable(std::string_view text, std::size_t max_chars = 200);
 
-}  // namespace spes
-
-namespace spes {
-
 // Calls a service refused because the caller looked hostile or misconfigured (wrong token, run,
 // node, arguments): each is logged as a warning with its reason, counted, and the last one kept
 // (made printable) for status pages. Thread-safe.

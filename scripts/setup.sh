@@ -24,6 +24,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece
   nlohmann-json3-dev zlib1g-dev
+  libssl-dev           # per-node certificates (spes ca)
   prometheus-cpp-dev   # /metrics on every daemon
   prometheus           # the tests' real scrape of a local cluster (not needed to run spes)
   chromium             # the tests load the run's live page in headless Chromium (not needed to run spes)

@@ -28,6 +28,7 @@ void add_model_commands(CLI::App& app);
 void add_ckpt_commands(CLI::App& app);
 void add_eval_commands(CLI::App& app);  // spes eval, spes generate
 void add_coordinator_commands(CLI::App& app);
+void add_ca_commands(CLI::App& app);  // spes ca: per-node certificates
 // The table `spes coordinator status` prints (also used by launch-local).
 void print_cluster_status(const ClusterStatus& status);
 void add_launch_command(CLI::App& app);

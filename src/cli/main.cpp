@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   spes::cli::add_train_command(app);
   spes::cli::add_node_command(app);
   spes::cli::add_coordinator_commands(app);
+  spes::cli::add_ca_commands(app);
   spes::cli::add_launch_command(app);
   spes::cli::add_model_commands(app);
   spes::cli::add_ckpt_commands(app);

@@ -321,6 +321,21 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   r.get("peer_wait_s", c.peer_wait_s);
   r.get("retry_backoff_s", c.retry_backoff_s);
   r.get("max_rel_change", c.max_rel_change);
+  MapReader robust = r.section("robust");
+  robust.get("expert_factor", c.robust.expert_factor);
+  robust.get("window", c.robust.window);
+  robust.get("min_history", c.robust.min_history);
+  robust.get("shared", c.robust.shared);
+  robust.get("trim", c.robust.trim);
+  robust.finish();
+  if (c.robust.expert_factor != 0 && !(c.robust.expert_factor > 1))
+    robust.fail("expert_factor", "must be 0 (off) or more than 1 (a multiple of the owner's median update)");
+  if (c.robust.window < 1 || c.robust.window > 1000) robust.fail("window", "must be between 1 and 1000 rounds");
+  if (c.robust.min_history < 1 || c.robust.min_history > c.robust.window)
+    robust.fail("min_history", fmt::format("must be between 1 and sync.robust.window ({})", c.robust.window));
+  if (c.robust.shared != "mean" && c.robust.shared != "trimmed")
+    robust.fail("shared", "must be mean or trimmed, not '" + c.robust.shared + "'");
+  if (c.robust.trim < 1) robust.fail("trim", "must be >= 1 (values dropped at each end)");
   r.get("dump_dir", c.dump_dir);
   r.get("overlap", c.overlap);
   r.get("max_delay", c.max_delay);

@@ -185,7 +185,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   cursor[parts.back()] = value;
 }
 
-void read_credentials(MapReader& r, Credentials& c) {
+void read_credentials(MapReader& r, Credentials& c, std::string* node_dir) {
   r.get("token", c.token);
   r.get("token_file", c.token_file);
   r.get("insecure", c.insecure);
@@ -193,6 +193,7 @@ void read_credentials(MapReader& r, Credentials& c) {
   tls.get("ca", c.tls_ca);
   tls.get("cert", c.tls_cert);
   tls.get("key", c.tls_key);
+  if (node_dir) tls.get("node_dir", *node_dir);
   tls.finish();
 }
 

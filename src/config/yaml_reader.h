@@ -47,8 +47,9 @@ class MapReader {
   std::set<std::string> known_;
 };
 
-// Reads token, token_file, insecure and tls: {ca, cert, key} from `r`.
-void read_credentials(MapReader& r, Credentials& c);
+// Reads token, token_file, insecure and tls: {ca, cert, key} from `r`; with `node_dir` also
+// tls.node_dir (a cluster file's folder of per-node certificates).
+void read_credentials(MapReader& r, Credentials& c, std::string* node_dir = nullptr);
 // A token (or its file) is required, and TLS files unless insecure (not both); with `files_exist`
 // every named file must exist.
 void check_credentials(MapReader& r, const Credentials& c, bool files_exist);

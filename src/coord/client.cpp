@@ -21,6 +21,8 @@ struct CoordinatorClient::Impl {
   Impl(sync_detail::TransportSettings t, std::string a) : transport(std::move(t)), address(std::move(a)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(4 << 20);
+    // With per-node certificates, only the run's coordinator certificate is accepted from the server.
+    if (!transport.identity.empty()) args.SetSslTargetNameOverride(holder_dns_name(kCoordinatorHolder));
     stub = spes::v1::CoordinatorService::NewStub(
         grpc::CreateCustomChannel(address, sync_detail::channel_credentials(transport), args));
   }

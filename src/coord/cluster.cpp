@@ -8,6 +8,7 @@
 
 #include "config/yaml_reader.h"
 #include "spes/config/config.h"
+#include "spes/sync/identity.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
 
@@ -25,6 +26,14 @@ const char* assignment_strategy_name(AssignmentStrategy s) {
 
 std::string ClusterConfig::where(const std::string& key) const {
   return config_detail::describe_key(source, key_lines, key);
+}
+
+std::string ClusterConfig::node_cert(int id) const {
+  return tls_node_dir.empty() ? tls_cert : (std::filesystem::path(tls_node_dir) / (node_holder_name(id) + ".pem")).string();
+}
+
+std::string ClusterConfig::node_key(int id) const {
+  return tls_node_dir.empty() ? tls_key : (std::filesystem::path(tls_node_dir) / (node_holder_name(id) + ".key")).string();
 }
 
 std::string ClusterConfig::state_path() const {
@@ -82,7 +91,7 @@ ClusterConfig parse_cluster(const std::string& yaml_text, const std::string& sou
   top.get("run", c.run);
   top.get("config", c.config);
   top.get("out_dir", c.out_dir);
-  read_credentials(top, c);
+  read_credentials(top, c, &c.tls_node_dir);
   std::string strategy = "contiguous";
   top.get("assignment", strategy);
   if (strategy == "contiguous") c.assignment = AssignmentStrategy::Contiguous;
@@ -251,8 +260,8 @@ std::string node_yaml(const ClusterConfig& c, YAML::Node root, std::size_t index
     sync["insecure"] = true;
   } else {
     sync["tls"]["ca"] = c.tls_ca;
-    sync["tls"]["cert"] = c.tls_cert;
-    sync["tls"]["key"] = c.tls_key;
+    sync["tls"]["cert"] = c.node_cert(me.id);
+    sync["tls"]["key"] = c.node_key(me.id);
   }
   root["train"].remove("owned_experts");
   if (!me.metrics.empty()) root["metrics"]["listen"] = me.metrics;

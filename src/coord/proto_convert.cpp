@@ -84,6 +84,10 @@ NodeProgress from_proto(const spes::v1::NodeReport& r) {
 sync_detail::TransportSettings cluster_transport(const ClusterConfig& c) {
   auto s = sync_detail::read_credential_files(c, [&c](const std::string& key) { return c.where(key); }, "");
   s.run_id = c.run;
+  if (!s.identity.empty() && (s.identity.run != c.run || s.identity.is_node()))
+    raise(ErrorKind::Config, "{}: '{}' is the certificate of {}; the coordinator and its operators use the run's "
+          "coordinator or admin certificate (`spes ca issue --coordinator` / `--admin`) of run '{}'",
+          c.where("tls.cert"), c.tls_cert, s.identity.describe(), c.run);
   return s;
 }
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
@@ -66,6 +67,29 @@ struct NodeState {
   }
 };
 
+// Why a heartbeat's report cannot be true, or "" (docs/security.md): numbers finite and in range,
+// step, round and byte counters never going back since the node joined, rounds no further than
+// one past the highest round any node asked a plan for, experts that exist.
+std::string implausible_report(const NodeProgress& now, const NodeProgress& before, std::uint64_t max_round,
+                               std::int64_t n_experts) {
+  if (now.step < 0) return "step " + std::to_string(now.step) + " is negative";
+  if (!std::isfinite(now.loss) || now.loss < 0) return "loss " + std::to_string(now.loss) + " is not a finite cross-entropy";
+  if (!std::isfinite(now.tokens_per_s) || now.tokens_per_s < 0) return "tokens_per_s is not a finite rate";
+  if (!std::isfinite(now.last_sync_unix_s)) return "last_sync_unix_s is not finite";
+  if (now.step < before.step)
+    return "step went back from " + std::to_string(before.step) + " to " + std::to_string(now.step);
+  if (now.round < before.round)
+    return "round went back from " + std::to_string(before.round) + " to " + std::to_string(now.round);
+  const std::uint64_t highest = std::max(now.round, now.round_in_flight);
+  if (highest > max_round + 1)
+    return "round " + std::to_string(highest) + " is beyond the run's round " + std::to_string(max_round);
+  if (now.bytes_in_total < before.bytes_in_total || now.bytes_out_total < before.bytes_out_total)
+    return "byte counters went back";
+  for (int e : now.experts)
+    if (e < 0 || e >= n_experts) return "expert " + std::to_string(e) + " does not exist";
+  return {};
+}
+
 }  // namespace
 
 struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
@@ -86,6 +110,9 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
   int port = 0;
 
   explicit Impl(const ClusterConfig& c) : cluster(c), transport(cluster_transport(c)) {
+    if (!transport.identity.empty() && transport.identity.name != kCoordinatorHolder)
+      raise(ErrorKind::Config, "{}: '{}' is the certificate of {}; the coordinator serves with the coordinator's "
+            "(`spes ca issue --coordinator`)", c.where("tls.cert"), c.tls_cert, transport.identity.describe());
     n_experts = load_base_config(c).model.n_experts;
     const auto owned = assign_experts(c, n_experts);
     MembershipPlan first{1, 1, {}, {}};
@@ -168,6 +195,13 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
       return {grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token"};
     if (run_id != cluster.run)
       return {grpc::StatusCode::FAILED_PRECONDITION, "this coordinator serves run '" + cluster.run + "', not '" + run_id + "'"};
+    // With per-node certificates a node speaks only for itself; status is for any holder of the run.
+    if (needs_node) {
+      if (auto why = sync_detail::identity_mismatch(transport, *context, node_holder_name(node_id)); !why.empty())
+        return {grpc::StatusCode::UNAUTHENTICATED, why};
+    } else if (!transport.identity.empty() && sync_detail::caller_identity(*context).run != cluster.run) {
+      return {grpc::StatusCode::UNAUTHENTICATED, "the caller's certificate names no holder of run '" + cluster.run + "'"};
+    }
     if (needs_node && !nodes.count(node_id))
       return {grpc::StatusCode::NOT_FOUND, "node " + std::to_string(node_id) + " is not in the cluster file"};
     return grpc::Status::OK;
@@ -226,10 +260,13 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     std::lock_guard lock(mutex);
     if (auto s = check(context, request->run_id(), id, true); !s.ok()) return refuse(context, s);
     NodeState& st = nodes[id];
+    NodeProgress report = from_proto(request->report());
+    if (const auto why = implausible_report(report, st.progress, max_round, n_experts); !why.empty())
+      return refuse(context, {grpc::StatusCode::INVALID_ARGUMENT, "node " + std::to_string(id) + "'s report: " + why});
     if (!st.alive && latest().find(id)) spdlog::info("coordinator: node {} is answering again", id);
     st.alive = true;
     st.last_seen = Clock::now();
-    st.progress = from_proto(request->report());
+    st.progress = std::move(report);
     st.record_loss();
     if (st.progress.round > rounds_done) {
       rounds_done = st.progress.round;
@@ -365,7 +402,7 @@ void CoordinatorServer::start() {
     }
   });
   spdlog::info("coordinator: run '{}', {} nodes, serving on port {} ({}); state {}", m.cluster.run,
-               m.cluster.nodes.size(), m.port, m.transport.insecure ? "INSECURE plaintext" : "TLS", m.cluster.state_path());
+               m.cluster.nodes.size(), m.port, sync_detail::security_name(m.transport), m.cluster.state_path());
 }
 
 void CoordinatorServer::wait(bool exit_when_done) {

@@ -18,6 +18,7 @@
 #include "spes/util/failpoint.h"
 #include "spes/util/log.h"
 #include "spes/util/signals.h"
+#include "robust.h"
 #include "transport.h"
 
 namespace spes {
@@ -32,19 +33,6 @@ struct Fetched {
   std::vector<float> values;
   std::vector<std::uint32_t> contributors;
 };
-
-// The fp32 mean of equally long contributions, summed in the order given (node-id order), then
-// divided: every node that computes it gets the same bits.
-std::vector<float> fp32_mean(const std::vector<const std::vector<float>*>& parts) {
-  std::vector<float> out(*parts.front());
-  for (std::size_t p = 1; p < parts.size(); ++p) {
-    const float* src = parts[p]->data();
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] += src[i];
-  }
-  const float n = static_cast<float>(parts.size());
-  for (auto& v : out) v /= n;
-  return out;
-}
 
 }  // namespace
 
@@ -62,6 +50,7 @@ struct RoundParts {
 // everyone's (a missed round): such parts travel in fp32. Residuals: error feedback, flat over
 // the ranges they belong to.
 struct Feedback {
+  std::vector<UpdateHistory> expert_updates;  // per peer: its accepted expert updates (sync.robust)
   std::vector<std::uint64_t> base_slice, base_experts;
   std::vector<float> residual_experts, residual_average;
   std::vector<std::vector<float>> residual_raw;  // per slice
@@ -103,6 +92,7 @@ struct SyncEngine::Impl {
         deadlines(c.sync.deadline_factor, c.sync.min_round_timeout_s, c.sync.round_timeout_s) {
     transport = transport_settings(config);
     transport.plan = membership.plan;
+    for (int id : membership.observers) transport.requesters.push_back(static_cast<std::uint32_t>(id));
     n = static_cast<int>(config.sync.peers.size());
     self = -1;
     for (int j = 0; j < n; ++j)
@@ -122,6 +112,7 @@ struct SyncEngine::Impl {
     keeps_baseline = is_delta_encoding(config.sync.shared_encoding) || is_delta_encoding(config.sync.expert_encoding);
     if (keeps_baseline) snapshot_baseline();
     feedback.resize(parts.size());
+    for (auto& fb : feedback) fb.expert_updates.assign(static_cast<std::size_t>(n), UpdateHistory(config.sync.robust));
     suspect.assign(static_cast<std::size_t>(n), false);
     peer_bytes_in = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(n));
     skips.assign(static_cast<std::size_t>(n), 0);
@@ -131,7 +122,8 @@ struct SyncEngine::Impl {
         stubs.emplace_back();
         continue;
       }
-      auto channel = grpc::CreateCustomChannel(config.sync.peers[j].address, credentials, channel_arguments(transport));
+      auto channel = grpc::CreateCustomChannel(config.sync.peers[j].address, credentials,
+                                               channel_arguments(transport, node_holder_name(config.sync.peers[j].id)));
       stubs.push_back(spes::v1::SyncService::NewStub(channel));
     }
     if (observer) {
@@ -154,7 +146,7 @@ struct SyncEngine::Impl {
     const auto& me = config.sync.peers[self];
     server->start(config.sync.listen.empty() ? me.address : config.sync.listen);
     spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps{}, shared {}, experts {}",
-                 config.run.node_id, n, server->port(), transport.insecure ? "INSECURE plaintext" : "TLS", transport.run_id,
+                 config.run.node_id, n, server->port(), security_name(transport), transport.run_id,
                  config.sync.every,
                  fragments > 1 ? fmt::format(" in {} fragments (a round every {} steps)", fragments, config.sync.period()) : "",
                  wire_encoding_name(config.sync.shared_encoding), wire_encoding_name(config.sync.expert_encoding));
@@ -267,7 +259,7 @@ struct SyncEngine::Impl {
     return part == spes::v1::EXPERTS ? fb.base_experts[peer] : fb.base_slice[slice];
   }
 
-  Fetched fetch(const Feedback& fb, int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
+  Fetched fetch(Feedback& fb, int peer, std::uint64_t round, spes::v1::Part part, std::uint32_t slice,
                 const std::vector<ParamRange>& ranges, WireEncoding e, Clock::time_point deadline) {
     Fetched out;
     // Transient refusals (a node still starting up, or a round behind) are retried for up to
@@ -336,6 +328,19 @@ struct SyncEngine::Impl {
           out.reason = std::string("rejected payload: ") + err.what();
           return out;
         }
+        if (part == spes::v1::EXPERTS && !observer) {
+          // The owner's update against its own history — except in a sparse run's last round,
+          // which also carries every update error feedback held back.
+          const double change = receiver.relative_change();
+          UpdateHistory& history = fb.expert_updates[peer];
+          if (!dense_round) {
+            if (const auto why = history.check(change); !why.empty()) {
+              out.reason = "rejected payload: " + why;
+              return out;
+            }
+            history.record(change);
+          }
+        }
         out.ok = true;
         out.values = std::move(receiver.values());
         out.contributors = receiver.contributors();
@@ -369,7 +374,7 @@ struct SyncEngine::Impl {
   };
   // Step 3 of a round: the averaged slice of every peer `wanted` picks from that aggregator and
   // its experts (if it owns any), all fetched in parallel.
-  Gathered gather_round(const RoundParts& P, const Feedback& fb, std::uint64_t round, Clock::time_point deadline,
+  Gathered gather_round(const RoundParts& P, Feedback& fb, std::uint64_t round, Clock::time_point deadline,
                         const std::function<bool(int)>& wanted) {
     const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
     std::vector<std::future<Fetched>> avg_calls(static_cast<std::size_t>(n)), expert_calls(static_cast<std::size_t>(n));
@@ -542,7 +547,7 @@ struct SyncEngine::Impl {
       }
     }
     std::vector<float> own_average;
-    store.publish_average(round, encode(avg_header, P.slices[self], se, fp32_mean(contributions),
+    store.publish_average(round, encode(avg_header, P.slices[self], se, shared_average(contributions, config.sync.robust),
                                         fb.residual_average.empty() ? nullptr : &fb.residual_average, own_average,
                                         fb.base_slice[self]));
     raw.clear();
@@ -578,7 +583,7 @@ struct SyncEngine::Impl {
           else if (failure[j].empty()) failure[j] = "slice " + std::to_string(k) + ": " + got[j].reason;
         }
       }
-      averaged[k].values = fp32_mean(slice_parts);
+      averaged[k].values = shared_average(slice_parts, config.sync.robust);
       averaged[k].ok = true;
       spdlog::warn("sync: round {}: slice {} averaged locally over {} node(s) (its aggregator was skipped)", round, k,
                    slice_parts.size());

@@ -201,10 +201,16 @@ void StreamReceiver::add(const spes::v1::TensorChunk& chunk) {
     if (std::sqrt(diff2_) > limit)
       raise(ErrorKind::Peer, "tensor '{}' changes by {:.3g}, more than sync.max_rel_change × its norm ({:.3g})", p.name,
             std::sqrt(diff2_), limit);
+    total_diff2_ += diff2_;
+    total_cur2_ += cur2_;
     diff2_ = cur2_ = 0;
     ++range_;
     range_done_ = 0;
   }
+}
+
+double StreamReceiver::relative_change() const {
+  return std::sqrt(total_diff2_) / std::max(std::sqrt(total_cur2_), 1e-12);
 }
 
 void StreamReceiver::finish() {

@@ -54,6 +54,9 @@ class StreamReceiver {
   const std::vector<std::uint32_t>& contributors() const { return contributors_; }
   // Chunks accepted so far: where a broken-off stream resumes (FetchRequest.first_chunk).
   std::uint32_t chunks_received() const { return next_index_; }
+  // |received - current| / |current| over the whole stream (the update it brings), after finish().
+  double relative_change() const;
+
 
  private:
   StreamHeader expected_;
@@ -69,6 +72,7 @@ class StreamReceiver {
   std::int64_t flat_done_ = 0;    // elements received overall
   std::uint32_t next_index_ = 0, total_ = 0;
   double diff2_ = 0, cur2_ = 0;   // per tensor, for the norm-change bound
+  double total_diff2_ = 0, total_cur2_ = 0;
 };
 
 }  // namespace spes::sync_detail

@@ -3,6 +3,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -51,6 +52,9 @@ TransportSettings read_credential_files(const Credentials& c, const std::functio
     s.ca_pem = read("tls.ca", c.tls_ca);
     s.cert_pem = read("tls.cert", c.tls_cert);
     s.key_pem = read("tls.key", c.tls_key);
+    auto label = [&](const std::string& key, const std::string& path) { return where(prefix + key) + " ('" + path + "')"; };
+    s.identity = verify_credentials(s.ca_pem, s.cert_pem, s.key_pem,
+                                    {label("tls.ca", c.tls_ca), label("tls.cert", c.tls_cert), label("tls.key", c.tls_key)});
   }
   s.token = c.token.empty() ? trim(read("token_file", c.token_file)) : c.token;
   if (s.token.empty()) raise(ErrorKind::Config, "{}: the run token is empty", where(prefix + "token_file"));
@@ -61,6 +65,11 @@ TransportSettings transport_settings(const Config& c) {
   TransportSettings s = read_credential_files(c.sync, [&c](const std::string& key) { return c.where(key); }, "sync.");
   s.run_id = c.sync.effective_run_id(c.run);
   s.node_id = c.run.node_id;
+  if (!s.identity.empty() && (s.identity.run != s.run_id || s.identity.node != c.run.node_id))
+    raise(ErrorKind::Config, "{}: '{}' is the certificate of {}; this is node {} of run '{}' (issue one with `spes ca "
+          "issue --node {}`)", c.where("sync.tls.cert"), c.sync.tls_cert, s.identity.describe(), c.run.node_id, s.run_id,
+          c.run.node_id);
+  for (const auto& p : c.sync.peers) s.requesters.push_back(static_cast<std::uint32_t>(p.id));
   s.n_nodes = static_cast<int>(c.sync.peers.size());
   s.chunk_bytes = c.sync.chunk_bytes;
   s.max_wait_s = c.sync.round_timeout_s;
@@ -84,8 +93,34 @@ std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportSet
   return grpc::SslCredentials(options);
 }
 
-grpc::ChannelArguments channel_arguments(const TransportSettings& s) {
+CertIdentity caller_identity(const grpc::ServerContext& context) {
+  const auto auth = context.auth_context();
+  if (!auth) return {};
+  const auto pem = auth->FindPropertyValues("x509_pem_cert");
+  if (pem.empty()) return {};
+  try {
+    return certificate_identity(std::string(pem.front().data(), pem.front().size()));
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+std::string identity_mismatch(const TransportSettings& s, const grpc::ServerContext& context, const std::string& claimed) {
+  if (s.identity.empty()) return {};
+  const CertIdentity caller = caller_identity(context);
+  if (caller.run == s.run_id && caller.name == claimed) return {};
+  return "the caller's certificate is that of " + caller.describe() + ": it may not speak as " + claimed;
+}
+
+std::string security_name(const TransportSettings& s) {
+  if (s.insecure) return "INSECURE plaintext";
+  if (s.identity.empty()) return "TLS, one certificate shared by every node";
+  return "TLS as " + s.identity.describe();
+}
+
+grpc::ChannelArguments channel_arguments(const TransportSettings& s, const std::string& server_holder) {
   grpc::ChannelArguments args;
+  if (!s.identity.empty()) args.SetSslTargetNameOverride(holder_dns_name(server_holder));
   args.SetMaxReceiveMessageSize(static_cast<int>(s.chunk_bytes) + (1 << 20));
   args.SetMaxSendMessageSize(kMaxRequestBytes);
   // A fresh connection per peer: several nodes on one host must not share one subchannel.
@@ -114,7 +149,7 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
       owner_.refused_++;
       const std::string who = fmt::format("sync: refused a call from {} (node {})", context->peer(), request->requester());
       const bool suspicious = code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::INVALID_ARGUMENT ||
-                              request->run_id() != s.run_id;
+                              code == grpc::StatusCode::PERMISSION_DENIED || request->run_id() != s.run_id;
       if (suspicious)
         owner_.suspicious_.record(who, why);
       else
@@ -123,6 +158,9 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
     };
     if (!has_token(*context, s.token))
       return refuse(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token");
+    if (const auto why = identity_mismatch(s, *context, node_holder_name(static_cast<int>(request->requester())));
+        !why.empty())
+      return refuse(grpc::StatusCode::UNAUTHENTICATED, why);
     if (request->run_id() != s.run_id)
       return refuse(grpc::StatusCode::FAILED_PRECONDITION,
                     "this node serves run '" + s.run_id + "', not '" + request->run_id() + "'");
@@ -132,6 +170,11 @@ class SyncServer::Service final : public spes::v1::SyncService::Service {
     if (request->plan() < s.plan)
       return refuse(grpc::StatusCode::FAILED_PRECONDITION, "this node runs plan " + std::to_string(s.plan) +
                                                                ", not plan " + std::to_string(request->plan()));
+    // A node removed from the plan (or never in it) gets nothing from the plan's members.
+    if (!s.requesters.empty() &&
+        std::find(s.requesters.begin(), s.requesters.end(), request->requester()) == s.requesters.end())
+      return refuse(grpc::StatusCode::PERMISSION_DENIED,
+                    "node " + std::to_string(request->requester()) + " is not in plan " + std::to_string(s.plan));
     const auto part = request->part();
     if (part != spes::v1::EXPERTS && part != spes::v1::SHARED_RAW && part != spes::v1::SHARED_AVERAGED)
       return refuse(grpc::StatusCode::INVALID_ARGUMENT, "unknown part");

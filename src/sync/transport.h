@@ -15,6 +15,7 @@
 #include "payload.h"
 #include "round_store.h"
 #include "spes/config/config.h"
+#include "spes/sync/identity.h"
 #include "spes/util/log.h"
 #include "spes/v1/sync.grpc.pb.h"
 
@@ -32,11 +33,16 @@ inline constexpr int kKeepaliveTimeoutMs = 20'000;
 struct TransportSettings {
   bool insecure = false;
   std::string ca_pem, cert_pem, key_pem;  // PEM text, not paths
+  // This process's identity from its certificate (`spes ca`); empty for a shared certificate or
+  // without TLS. With one, every call is bound to the caller's certificate and every connection
+  // checks that the server is the holder it should be (docs/security.md).
+  CertIdentity identity;
   std::string token;
   std::string run_id;
   int node_id = 0;
   int n_nodes = 1;
   std::uint64_t plan = 0;  // membership plan version (0 = static peers)
+  std::vector<std::uint32_t> requesters;  // node ids allowed to fetch (the plan's members and observers)
   std::int64_t chunk_bytes = 4 << 20;
   double max_wait_s = 600;  // longest a Fetch waits for a round the server has not reached
 };
@@ -50,13 +56,23 @@ bool has_token(const grpc::ServerContext& context, const std::string& token);
 // naming the file and, through `where`, the key (prefix + "tls.ca", prefix + "token_file", ...).
 TransportSettings read_credential_files(const Credentials& c, const std::function<std::string(const std::string&)>& where,
                                         const std::string& prefix);
-// The node's settings: its credentials (keys under sync.), run id, node and peer count.
+// The node's settings: its credentials (keys under sync.), run id, node and peer count. A
+// certificate with an identity must be this node's of this run (Error(Config) naming sync.tls.cert).
 TransportSettings transport_settings(const Config& config);
+
+// "INSECURE plaintext", "TLS, one certificate shared by every node" or "TLS as node 3 of run 'x'".
+std::string security_name(const TransportSettings& s);
+// The identity a call's client certificate carries (empty: no certificate or none with an identity).
+CertIdentity caller_identity(const grpc::ServerContext& context);
+// Why `caller` may not speak as `claimed` (a holder name, e.g. "node-3") in run `s.run_id`, or ""
+// when it may. Without per-node certificates (s.identity empty) anyone holding the token may.
+std::string identity_mismatch(const TransportSettings& s, const grpc::ServerContext& context, const std::string& claimed);
 
 std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportSettings& s);
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportSettings& s);
-// Channel arguments: receive limit sized for one chunk.
-grpc::ChannelArguments channel_arguments(const TransportSettings& s);
+// Channel arguments: receive limit sized for one chunk. With per-node certificates the server must
+// present `server_holder`'s certificate (its DNS name <holder>.spes is the TLS target name).
+grpc::ChannelArguments channel_arguments(const TransportSettings& s, const std::string& server_holder);
 
 class SyncServer {
  public:

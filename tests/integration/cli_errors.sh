@@ -43,6 +43,25 @@ expect sync-no-tls 3 "(sync.tls): TLS files are required" -- "$SPES" node -c "$T
 expect sync-owner-twice 3 "expert 1 is owned by peers 0 and 1" -- "$SPES" node -c "$TINY" "${COMMON[@]}" \
   --set sync.every=10 --set sync.token=t --set sync.insecure=true \
   --set "sync.peers=[{id: 0, address: 'a:1', experts: [0-3]}, {id: 1, address: 'b:1', experts: [1, 4-7]}]"
+# Per-node certificates (spes ca): a node starts only with its own certificate from its run's CA.
+"$SPES" ca init "$TMP/ca" --run tiny > /dev/null && "$SPES" ca issue "$TMP/ca" --node 0,1 --host 127.0.0.1 > /dev/null &&
+  "$SPES" ca init "$TMP/ca2" --run tiny > /dev/null && "$SPES" ca issue "$TMP/ca2" --node 0 > /dev/null ||
+  { echo "FAIL spes ca init/issue"; failures=$((failures + 1)); }
+expect ca-twice 2 "already holds a CA" -- "$SPES" ca init "$TMP/ca" --run tiny
+expect ca-none 2 "make the run's CA first" -- "$SPES" ca issue "$TMP/nothing" --node 1
+expect ca-reissue 2 "pass --force to replace it" -- "$SPES" ca issue "$TMP/ca" --node 1
+expect ca-bad-node 2 "'x' is not a node id" -- "$SPES" ca issue "$TMP/ca" --node 2,x
+expect ca-show 0 "node 1 of run 'tiny'" -- "$SPES" ca show "$TMP/ca/node-1.pem"
+TLS_NODE=(node -c "$TINY" "${COMMON[@]}" --set sync.every=10 --set sync.token=t --set "sync.peers=[{id: 0, address: '127.0.0.1:1'}]"
+  --set "sync.tls.ca=$TMP/ca/ca.pem")
+expect cert-other-node 3 "is the certificate of node 1 of run 'tiny'; this is node 0" -- "$SPES" "${TLS_NODE[@]}" \
+  --set "sync.tls.cert=$TMP/ca/node-1.pem" --set "sync.tls.key=$TMP/ca/node-1.key"
+expect cert-foreign-ca 3 "('$TMP/ca2/node-0.pem') does not verify against the CA" -- "$SPES" "${TLS_NODE[@]}" \
+  --set "sync.tls.cert=$TMP/ca2/node-0.pem" --set "sync.tls.key=$TMP/ca2/node-0.key"
+expect cert-wrong-key 3 "('$TMP/ca/node-1.key') is not the key of the certificate" -- "$SPES" "${TLS_NODE[@]}" \
+  --set "sync.tls.cert=$TMP/ca/node-0.pem" --set "sync.tls.key=$TMP/ca/node-1.key"
+expect cert-garbage 3 "('$TINY') is not a PEM certificate" -- "$SPES" "${TLS_NODE[@]}" \
+  --set "sync.tls.cert=$TINY" --set "sync.tls.key=$TMP/ca/node-0.key"
 expect missing-config 3 "config file '$TMP/none.yaml' does not exist" -- "$SPES" train -c "$TMP/none.yaml"
 expect bad-flag 109 "unknown-flag" -- "$SPES" train -c "$TINY" --unknown-flag
 

@@ -2,7 +2,8 @@
 # after lib.sh, with SPES, SRC and DATA set).
 
 # write_cluster NAME STEPS [EXTRA_SET_LINES]: a 3-node cluster file for the tiny config in $TMP/NAME
-# (ROUND_TIMEOUT_S: sync.round_timeout_s, default 60).
+# (ROUND_TIMEOUT_S: sync.round_timeout_s, default 60; CLUSTER_SECURITY: the tls/insecure line,
+# default insecure: true).
 write_cluster() {
   local name=$1 steps=$2 extra=${3:-}
   read -r -a ports <<< "$(free_ports 4)"
@@ -12,7 +13,7 @@ run: test-$name
 config: $SRC/configs/tiny.yaml
 out_dir: $TMP/$name/run
 token_file: $TMP/$name/token
-insecure: true
+${CLUSTER_SECURITY:-insecure: true}
 assignment: round_robin
 set:
   data.dir: $DATA/tiny

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The coordinator and launch-local, as a user runs them (tiny config, loopback):
-#   E. launch-local: coordinator + 3 nodes end to end; every node finished, weights identical
+#   E. launch-local: coordinator + 3 nodes end to end, each on its own certificate (spes ca); every node finished, weights identical
 #      after the last round, summary and plot written; E2: a port in TIME_WAIT is free;
 #   F. a node killed (SIGKILL) mid-run: the coordinator reassigns its experts after the grace
 #      period; the coordinator itself is killed and restarted; the node comes back, catches up
@@ -18,10 +18,17 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/coord_lib.sh"
 cd "$SRC" || exit 2
 
-# ---- E: launch-local end to end ----
-write_cluster e 40
+# ---- E: launch-local end to end, over TLS with a certificate per node (spes ca) ----
+tls=$TMP/e/tls
+"$SPES" ca init "$tls" --run test-e > /dev/null && "$SPES" ca issue "$tls" --node 0,1,2 --host 127.0.0.1 > /dev/null &&
+  "$SPES" ca issue "$tls" --coordinator --host 127.0.0.1 > /dev/null || fail "E: spes ca"
+CLUSTER_SECURITY="tls: {ca: $tls/ca.pem, cert: $tls/coordinator.pem, key: $tls/coordinator.key, node_dir: $tls}" \
+  write_cluster e 40
 if "$SPES" launch-local "$TMP/e/cluster.yaml" --refresh 2 > "$TMP/e/launch.log" 2>&1; then
   for i in 0 1 2; do grep -q "node $i done: 4 rounds" "$TMP/e/run/node$i/node.log" || fail "E: node $i did not finish 4 rounds"; done
+  for i in 0 1 2; do
+    grep -q "TLS as node $i of run 'test-e'" "$TMP/e/run/node$i/node.log" || fail "E: node $i not on its own certificate"
+  done
   same_last_round e && echo "ok   E: launch-local: 3 nodes finished 4 rounds, identical weights after the last" ||
     fail "E: weights differ after the last round"
   grep -q "reference star protocol" "$TMP/e/launch.log" && grep -q "training state per node" "$TMP/e/launch.log" ||

@@ -2,13 +2,17 @@
 // returns, and the coordinator service (token, heartbeat loss → reassignment, restart).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
 #include "spes/coord/cluster.h"
 #include "spes/coord/coordinator.h"
+#include "../../src/sync/transport.h"
+#include "spes/sync/identity.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
+#include "spes/v1/coordinator.grpc.pb.h"
 
 namespace spes {
 namespace {
@@ -141,6 +145,78 @@ TEST(Coordinator, TokenHeartbeatLossRestart) {
   ASSERT_TRUE(member_again && member_again->find(1));
   EXPECT_EQ(member_again->find(1)->experts, (std::vector<int>{4, 5, 6, 7}));
   restarted.stop();
+}
+
+// Per-node certificates at the coordinator: a node speaks only for itself; the plan writes each
+// node its own certificate; the coordinator refuses to serve with a node's certificate.
+TEST(Coordinator, PerNodeCertificatesBindNodeIds) {
+  const std::string dir = ::testing::TempDir() + "/coord_identity";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const PemPair ca = make_run_ca("t", 1);
+  auto write = [&](const std::string& holder, const PemPair& p) {
+    write_file_atomic(dir + "/" + holder + ".pem", p.cert_pem);
+    write_file_atomic(dir + "/" + holder + ".key", p.key_pem);
+  };
+  write("ca", ca);
+  for (const std::string h : {"coordinator", "node-0", "node-1"}) write(h, issue_certificate(ca, h, {"127.0.0.1"}, 1));
+  auto cluster_with = [&](const std::string& holder) {
+    return parse_cluster("run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir + "\ntoken: secret\n"
+                         "tls: {ca: " + dir + "/ca.pem, cert: " + dir + "/" + holder + ".pem, key: " + dir + "/" + holder +
+                         ".key, node_dir: " + dir + "}\nset: {data.dir: " SPES_TEST_DATA_DIR "/tiny}\n"
+                         "coordinator: {address: '127.0.0.1:0'}\nnodes:\n"
+                         "  - {id: 0, address: '127.0.0.1:9300'}\n  - {id: 1, address: '127.0.0.1:9301'}\n", "c.yaml");
+  };
+  EXPECT_NE(error_of([&] { CoordinatorServer bad(cluster_with("node-1")); }).find("certificate of node 1 of run 't'"),
+            std::string::npos);
+  write("admin", issue_certificate(ca, "admin", {}, 1));
+  EXPECT_NE(error_of([&] { CoordinatorServer bad(cluster_with("admin")); }).find("serves with the coordinator's"),
+            std::string::npos);
+  auto cluster = cluster_with("coordinator");
+  EXPECT_EQ(cluster.node_cert(1), dir + "/node-1.pem");
+  EXPECT_EQ(cluster.node_key(0), dir + "/node-0.key");
+  CoordinatorServer server(cluster);
+  server.start();
+  // Heartbeats over node 0's certificate: for node 0 accepted, for node 1 refused.
+  sync_detail::TransportSettings s;
+  s.ca_pem = ca.cert_pem;
+  s.cert_pem = read_file(dir + "/node-0.pem");
+  s.key_pem = read_file(dir + "/node-0.key");
+  s.identity = certificate_identity(s.cert_pem);
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(holder_dns_name(kCoordinatorHolder));
+  auto stub = spes::v1::CoordinatorService::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(server.port()), sync_detail::channel_credentials(s), args));
+  auto heartbeat_for = [&](int node, std::int64_t step = 7, std::uint64_t round = 0, double loss = 3.5) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(sync_detail::kTokenHeader, "secret");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    spes::v1::HeartbeatRequest req;
+    req.set_run_id("t");
+    req.set_node_id(static_cast<std::uint32_t>(node));
+    req.mutable_report()->set_step(step);
+    req.mutable_report()->set_round(round);
+    req.mutable_report()->set_loss(loss);
+    spes::v1::HeartbeatReply reply;
+    return stub->Heartbeat(&ctx, req, &reply).error_code();
+  };
+  EXPECT_EQ(heartbeat_for(0), grpc::StatusCode::OK);
+  EXPECT_EQ(heartbeat_for(1), grpc::StatusCode::UNAUTHENTICATED);
+  // Reports that cannot be true are refused with the reason and change nothing (nothing persisted).
+  const std::string state_before = read_file(cluster.state_path());
+  EXPECT_EQ(heartbeat_for(0, 7, 40), grpc::StatusCode::INVALID_ARGUMENT);  // no node asked beyond round 0
+  EXPECT_EQ(heartbeat_for(0, 5), grpc::StatusCode::INVALID_ARGUMENT);      // the step goes back
+  EXPECT_EQ(heartbeat_for(0, 8, 0, std::nan("")), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(read_file(cluster.state_path()), state_before);
+  // The operator (here with the coordinator's own certificate) reads the status; node 1 was never heard from.
+  cluster.coordinator.address = "127.0.0.1:" + std::to_string(server.port());
+  CoordinatorClient admin(cluster);
+  const ClusterStatus st = admin.status(5.0);
+  EXPECT_EQ(st.refused_calls, 4u);
+  EXPECT_NE(st.last_refusal.find("node 0's report: loss nan is not a finite cross-entropy"), std::string::npos)
+      << st.last_refusal;
+  for (const auto& row : st.nodes) EXPECT_EQ(row.progress.step, row.id == 0 ? 7 : 0);
+  server.stop();
 }
 
 }  // namespace

@@ -5,15 +5,19 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <thread>
 
+#include "../../src/sync/robust.h"
 #include "../../src/sync/round_deadline.h"
 #include "../../src/sync/transport.h"
 #include "cut_proxy.h"
 #include "spes/sync/engine.h"
+#include "spes/sync/identity.h"
 #include "spes/util/error.h"
+#include "spes/util/fs.h"
 #include "spes/v1/sync.grpc.pb.h"
 #include "sync_fixture.h"
 #include "test_paths.h"
@@ -44,7 +48,9 @@ struct Cluster {
       engines.push_back(start ? std::make_unique<SyncEngine>(cfg, models[i]->params) : nullptr);
     }
   }
-  Config config(int i, const std::string& extra) const {
+  // "{id}" in `extra` stands for the node's id (per-node certificate paths).
+  Config config(int i, std::string extra) const {
+    for (std::size_t at; (at = extra.find("{id}")) != std::string::npos;) extra.replace(at, 4, std::to_string(i));
     return parse_config(test::node_yaml(i, ports, extra), fmt::format("node{}.yaml", i));
   }
   // Runs round r on every started node, or only on those in `only` (the others miss it).
@@ -444,6 +450,207 @@ TEST_F(SyncTls, NodesSyncOverTlsAndPlaintextClientsCannotConnect) {
   spes::v1::TensorChunk chunk;
   EXPECT_FALSE(reader->Read(&chunk));
   EXPECT_NE(reader->Finish().error_code(), grpc::StatusCode::OK);
+}
+
+TEST(RobustMerge, TrimmedMeanAndUpdateHistory) {
+  const std::vector<float> a{1, 5, -2}, b{2, 5, 0}, c{3, 5, 1}, d{1000, 5, 2}, e{-7, 5, 3};
+  EXPECT_EQ(sync_detail::trimmed_mean({&a, &b, &c, &d, &e}, 1), (std::vector<float>{2, 5, 1}));
+  EXPECT_EQ(sync_detail::trimmed_mean({&a, &b, &c, &d, &e}, 2), (std::vector<float>{2, 5, 1}));
+  RobustConfig robust;
+  robust.shared = "trimmed";
+  // Too few contributors to drop one at each end and keep two: the plain mean.
+  EXPECT_EQ(sync_detail::shared_average({&a, &b, &c}, robust), sync_detail::fp32_mean({&a, &b, &c}));
+  EXPECT_EQ(sync_detail::shared_average({&a, &b, &c, &d}, robust), (std::vector<float>{2.5f, 5, 0.5f}));
+
+  robust.expert_factor = 4;
+  robust.window = 4;
+  robust.min_history = 3;
+  sync_detail::UpdateHistory h(robust);
+  for (double u : {0.5, 0.01, 0.012}) {  // anything goes until min_history updates are known
+    EXPECT_EQ(h.check(u), "");
+    h.record(u);
+  }
+  EXPECT_DOUBLE_EQ(h.median(), 0.012);
+  EXPECT_EQ(h.check(0.047), "");
+  EXPECT_NE(h.check(0.049).find("more than sync.robust.expert_factor 4 x the median 0.012"), std::string::npos);
+  for (double u : {0.02, 0.02, 0.02}) h.record(u);  // the window forgets the oldest
+  EXPECT_EQ(h.size(), 4u);
+  EXPECT_DOUBLE_EQ(h.median(), 0.02);
+}
+
+// A dishonest owner that scales its experts, a little or a lot, is refused by every honest node
+// (each keeps its old copy); noise of its honest update's size gets through but is bounded by the
+// history. Honest rounds before it see no refusal.
+TEST(RobustMerge, AnOwnerScalingItsExpertsIsRefused) {
+  Cluster c(4);
+  const ParamSet& P = c.models[0]->params;
+  auto scale_own_experts = [&](int node, float factor) {
+    for (std::size_t t = 0; t < P.size(); ++t)
+      if (P[t].expert == node)
+        for (auto& v : c.models[node]->storage[t]) v *= factor;
+  };
+  auto expert3 = [&](int node) {
+    std::vector<std::vector<float>> out;
+    for (std::size_t t = 0; t < P.size(); ++t)
+      if (P[t].expert == 3) out.push_back(c.models[node]->storage[t]);
+    return out;
+  };
+  std::uint64_t r = 1;
+  for (; r <= 4; ++r) {
+    c.perturb(0.01f);
+    for (const auto& report : c.round(r)) EXPECT_TRUE(report.skipped.empty()) << "honest round " << r;
+  }
+  for (const float factor : {1.5f, 1.05f}) {
+    c.perturb(0.01f);
+    scale_own_experts(3, factor);
+    std::vector<std::vector<std::vector<float>>> kept;
+    for (int i = 0; i < 3; ++i) kept.push_back(expert3(i));
+    auto reports = c.round(r++);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(reports[i].skipped.size(), 1u) << "x" << factor;
+      EXPECT_EQ(reports[i].skipped[0].peer, 3);
+      EXPECT_NE(reports[i].skipped[0].reason.find("sync.robust.expert_factor"), std::string::npos)
+          << reports[i].skipped[0].reason;
+      EXPECT_EQ(expert3(i), kept[i]) << "node " << i << " took the scaled experts";
+    }
+  }
+}
+
+// sync.robust.shared: trimmed — a node that pushes its shared values far off moves nothing: every
+// node holds, bit for bit, the mean of the middle two contributions of four.
+TEST(RobustMerge, TrimmedSharedMeanIgnoresAnOutlier) {
+  Cluster c(4, std::string(kInsecure) + "  robust: {shared: trimmed}\n");
+  const ParamSet& P = c.models[0]->params;
+  c.perturb(0.01f);
+  for (std::size_t t = 0; t < P.size(); ++t)
+    if (P[t].expert < 0)
+      for (auto& v : c.models[3]->storage[t]) v += 2.0f;  // within max_rel_change: only trimming stops it
+  for (const auto& report : c.round(1)) EXPECT_TRUE(report.skipped.empty());
+  for (std::size_t t = 0; t < P.size(); ++t) {
+    if (P[t].expert >= 0) continue;
+    for (std::size_t x = 0; x < c.before[0][t].size(); ++x) {
+      std::vector<float> column;
+      for (int i = 0; i < 4; ++i) column.push_back(c.before[i][t][x]);
+      std::sort(column.begin(), column.end());
+      const float want = (column[1] + column[2]) / 2.0f;
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(c.models[i]->storage[t][x], want) << P[t].name << " node " << i;
+      ASSERT_LT(want, 1.5f);  // the +2 contribution is gone
+    }
+  }
+}
+
+// Per-node certificates from one run CA (`spes ca`): written once per test binary run.
+class SyncIdentity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::string(SPES_TEST_DATA_DIR) + "/identity";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    ca_ = make_run_ca("synctest", 1);
+    write("ca", ca_);
+    for (const std::string h : {"node-0", "node-1", "node-5"}) write(h, issue_certificate(ca_, h, {"127.0.0.1"}, 1));
+  }
+  static void write(const std::string& holder, const PemPair& pair) {
+    write_file_atomic(dir_ + "/" + holder + ".pem", pair.cert_pem);
+    write_file_atomic(dir_ + "/" + holder + ".key", pair.key_pem);
+  }
+  static std::string tls_yaml() {
+    return fmt::format("  tls: {{ca: {0}/ca.pem, cert: {0}/node-{{id}}.pem, key: {0}/node-{{id}}.key}}\n", dir_);
+  }
+  // A Fetch of round 1's experts from `port` over `holder`'s certificate, asking as node
+  // `requester` and expecting the server to be `server_holder`.
+  static grpc::StatusCode fetch_as(int port, const std::string& holder, int requester, const std::string& server_holder) {
+    sync_detail::TransportSettings s;
+    s.ca_pem = ca_.cert_pem;
+    s.cert_pem = read_file(dir_ + "/" + holder + ".pem");
+    s.key_pem = read_file(dir_ + "/" + holder + ".key");
+    s.identity = certificate_identity(s.cert_pem);
+    auto channel = grpc::CreateCustomChannel(fmt::format("127.0.0.1:{}", port), sync_detail::channel_credentials(s),
+                                             sync_detail::channel_arguments(s, server_holder));
+    auto stub = spes::v1::SyncService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata(sync_detail::kTokenHeader, "sesame");
+    spes::v1::FetchRequest req;
+    req.set_run_id("synctest");
+    req.set_round(1);
+    req.set_part(spes::v1::EXPERTS);
+    req.set_requester(static_cast<std::uint32_t>(requester));
+    auto reader = stub->Fetch(&ctx, req);
+    spes::v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish().error_code();
+  }
+  static inline std::string dir_;
+  static inline PemPair ca_;
+};
+
+TEST_F(SyncIdentity, CertificatesNameTheirHolderAndBadFilesAreRefused) {
+  const PemPair n1{read_file(dir_ + "/node-1.pem"), read_file(dir_ + "/node-1.key")};
+  const CertIdentity id = verify_credentials(ca_.cert_pem, n1.cert_pem, n1.key_pem, {"ca", "cert", "key"});
+  EXPECT_EQ(id.run, "synctest");
+  EXPECT_EQ(id.node, 1);
+  EXPECT_EQ(id.describe(), "node 1 of run 'synctest'");
+  const CertIdentity coord = certificate_identity(issue_certificate(ca_, kCoordinatorHolder, {}, 1).cert_pem);
+  EXPECT_FALSE(coord.is_node());
+  EXPECT_EQ(coord.name, "coordinator");
+  auto refusal = [&](const std::string& ca, const std::string& cert, const std::string& key) {
+    try {
+      verify_credentials(ca, cert, key, {"the-ca", "the-cert", "the-key"});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const PemPair other_ca = make_run_ca("synctest", 1);
+  const PemPair foreign = issue_certificate(other_ca, "node-1", {}, 1);
+  const PemPair expired = issue_certificate(ca_, "node-1", {}, 1, -3 * 86400);
+  const std::string n0_key = read_file(dir_ + "/node-0.key");
+  EXPECT_NE(refusal(ca_.cert_pem, n1.cert_pem, n0_key).find("the-key is not the key of the certificate the-cert"),
+            std::string::npos);
+  EXPECT_NE(refusal(ca_.cert_pem, foreign.cert_pem, foreign.key_pem).find("the-cert does not verify against the CA the-ca"),
+            std::string::npos);
+  EXPECT_NE(refusal(ca_.cert_pem, expired.cert_pem, expired.key_pem).find("expired"), std::string::npos);
+  EXPECT_NE(refusal(ca_.cert_pem, "junk", n1.key_pem).find("the-cert is not a PEM certificate"), std::string::npos);
+  EXPECT_NE(refusal(ca_.cert_pem, n1.cert_pem, "junk").find("the-key is not a PEM private key"), std::string::npos);
+  EXPECT_NE(refusal("junk", n1.cert_pem, n1.key_pem).find("the-ca is not a PEM certificate"), std::string::npos);
+  // A node started with another node's certificate stops before it serves anything.
+  Cluster c(2, tls_yaml());
+  std::string wrong = tls_yaml();
+  wrong.replace(wrong.find("node-{id}.pem"), 13, "node-1.pem");
+  wrong.replace(wrong.find("node-{id}.key"), 13, "node-1.key");
+  try {
+    SyncEngine e(c.config(0, wrong), c.models[0]->params);
+    ADD_FAILURE() << "node 0 started with node 1's certificate";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("certificate of node 1 of run 'synctest'; this is node 0"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(SyncIdentity, CallsAreBoundToTheCallersCertificate) {
+  Cluster c(2, tls_yaml());
+  auto reports = c.round(1);
+  const auto want = c.expected({0, 1}, 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(reports[i].skipped.empty());
+    EXPECT_EQ(c.models[i]->values(), want);
+  }
+  const auto suspicious_before = c.engines[0]->suspicious_calls();
+  // Node 1's own certificate asking as node 1: served.
+  EXPECT_EQ(fetch_as(c.ports[0], "node-1", 1, "node-0"), grpc::StatusCode::OK);
+  // Node 1's certificate asking as node 0 (impersonation): refused and counted.
+  EXPECT_EQ(fetch_as(c.ports[0], "node-1", 0, "node-0"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(c.engines[0]->last_suspicious_call().find("certificate is that of node 1"), std::string::npos)
+      << c.engines[0]->last_suspicious_call();
+  // A valid certificate of the run for a node outside the plan (removed, or never in it): refused.
+  EXPECT_EQ(fetch_as(c.ports[0], "node-5", 5, "node-0"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(c.engines[0]->last_suspicious_call().find("node 5 is not in plan"), std::string::npos);
+  EXPECT_EQ(c.engines[0]->suspicious_calls(), suspicious_before + 2);
+  // The client checks the server too: node 0's port does not pass for node 1.
+  EXPECT_EQ(fetch_as(c.ports[0], "node-1", 1, "node-1"), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(c.models[0]->values(), want);
 }
 
 TEST(SyncConfig, RefusesMissingSecurityAndBadPeers) {

@@ -105,6 +105,20 @@ struct SparseConfig {
   std::int64_t k() const;  // values sent per full chunk (at least 1)
 };
 
+// Robust merging (sync.robust, docs/security.md): bounds on what one peer can do to a merge.
+struct RobustConfig {
+  // An owner's expert update (|new - current| / |current| over all its experts) is refused when it
+  // exceeds expert_factor x the median of its last `window` accepted updates (once it has
+  // min_history of them). 0 = off. Catches scaling drift that stays under max_rel_change.
+  double expert_factor = 4.0;
+  int window = 8;
+  int min_history = 3;
+  // Shared slices: "mean" of every contribution, or "trimmed": per value, the `trim` largest and
+  // smallest contributions dropped before averaging (with at least 2 x trim + 2 contributors).
+  std::string shared = "mean";
+  int trim = 1;
+};
+
 struct PeerConfig {
   int id = 0;
   std::string address;        // host:port of that node's sync service
@@ -140,6 +154,7 @@ struct SyncConfig : Credentials {
   // Reject a tensor with |new - current| > this * |current|. Honest updates reach 1.4x on tiny
   // (20-50 steps at lr 3e-3 from a small init; docs/quality.md), so 1.0 refused them.
   double max_rel_change = 4.0;
+  RobustConfig robust;
   std::string dump_dir;                // write pre/post-round parameters here (tests, debugging)
   // Overlap (docs/protocol.md, "Overlapped rounds"): a round runs on background threads while
   // training goes on and lands max_delay steps after its snapshot (0 = at once: a blocking round).

@@ -6,6 +6,7 @@
 //   config: configs/small.yaml        # base training config
 //   out_dir: runs/local-small         # node i writes to out_dir/node{i}
 //   token_file: runs/token            # or token: ...; and tls: {ca, cert, key} or insecure: true
+//   # per-node certificates (`spes ca`, docs/security.md): tls: {ca, cert, key, node_dir: tls}
 //   assignment: contiguous            # contiguous | round_robin | explicit
 //   set: {train.steps: 200, sync.every: 20}   # overrides for every node's config
 //   coordinator: {address: 127.0.0.1:7000, heartbeat_s: 1, dead_after_s: 10, grace_s: 20}
@@ -51,6 +52,11 @@ struct ClusterConfig : Credentials {  // the run's token and TLS files, shared b
   std::vector<std::pair<std::string, std::string>> overrides;  // key, YAML value
   CoordinatorSettings coordinator;
   std::vector<ClusterNode> nodes;           // sorted by id
+  // Folder of per-node certificates node-<id>.pem / node-<id>.key (`spes ca issue`); empty =
+  // every node uses tls.cert / tls.key. tls.cert is then the coordinator's own.
+  std::string tls_node_dir;
+  std::string node_cert(int id) const;
+  std::string node_key(int id) const;
 
   std::string source;
   std::map<std::string, int> key_lines;

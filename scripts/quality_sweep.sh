@@ -14,6 +14,12 @@
 #   h50       spes syncing every 50 steps instead of 20
 #   sparse    spes with sparse deltas (sync.sparse: 2% of each chunk of 4096, 2 bits; error feedback)
 #   sparse5   the same at 5%
+#   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has 4)
+#   trimmed   spes with the trimmed shared mean (sync.robust.shared trimmed)
+#   poisonx   node 3 scales the experts it publishes x1.5 every round from round 4 (SPES_POISON),
+#             robust bound off;  poisonx-r: the same with the bound on (the default)
+#   poisons   node 3 scales its shared contributions x1.5 every round from round 4, plain mean;
+#             poisons-r: the same with the trimmed mean
 # Order: central and spes at every point (seed 1, small to large), then the variants at the
 # points in SWEEP_VARIANT_ACCUMS, then the other seeds. Resumable: a run whose final.json exists
 # is skipped, so the sweep can be stopped (Ctrl-C) and started again across sittings.
@@ -70,23 +76,31 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32 density=0.02
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 factor=4 shared=mean poison=""
     case $variant in
       spes) ;;
+      norobust) factor=0 ;;
+      trimmed) shared=trimmed ;;
+      poisonx) poison=experts:1.5@3 factor=0 ;;
+      poisonx-r) poison=experts:1.5@3 ;;
+      poisons) poison=shared:1.5@3 ;;
+      poisons-r) poison=shared:1.5@3 shared=trimmed ;;
       nowarmup) alpha=0 ;;
       int8) encoding=int8_delta ;;
       h50) every=50 ;;
       sparse) encoding=sparse ;;
       sparse5) encoding=sparse density=0.05 ;;
-      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 sparse sparse5)" >&2; exit 2 ;;
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 sparse sparse5 norobust trimmed poisonx" \
+              "poisonx-r poisons poisons-r)" >&2; exit 2 ;;
     esac
     local lines="" kv
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
-              sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density"; do
+              sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density" \
+              sync.robust.expert_factor="$factor" sync.robust.shared="$shared"; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'
     done
-    quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
+    SPES_POISON=$poison SPES_POISON_FROM=4 quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
     metrics=$dir/run/node0/metrics.jsonl
   fi
   local val; val=$(quality_final_val "$metrics")

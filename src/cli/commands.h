@@ -35,5 +35,6 @@ void add_launch_command(CLI::App& app);
 void add_bench_commands(CLI::App& app);
 void add_bench_sync(CLI::App& bench);  // tests/bench/bench_sync.cpp
 void add_bench_generate(CLI::App& bench);  // tests/bench/bench_generate.cpp
+void add_bench_tls(CLI::App& bench);  // tests/bench/bench_tls.cpp
 
 }  // namespace spes::cli

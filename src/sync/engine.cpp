@@ -253,6 +253,13 @@ struct SyncEngine::Impl {
     return stream;
   }
 
+  // What a node under SPES_POISON publishes (the values unchanged otherwise).
+  std::vector<float> poisoned(std::vector<float> values, std::string_view part, std::uint64_t round) const {
+    if (const double f = poison_factor(part, config.run.node_id, round); f != 1.0)
+      for (auto& v : values) v = static_cast<float>(v * f);
+    return values;
+  }
+
   // Our baseline round for a part we fetch: slice k's, or peer j's experts.
   std::uint64_t base_of(const Feedback& fb, spes::v1::Part part, int peer, std::uint32_t slice) const {
     if (!keeps_baseline) return 0;
@@ -511,13 +518,13 @@ struct SyncEngine::Impl {
     // 1. Publish snapshot r.
     std::vector<float> own_experts;
     auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), P.peer_experts[self], ee,
-                                 model_values(P.peer_experts[self]), &fb.residual_experts, own_experts,
-                                 fb.base_experts[self]);
+                                 poisoned(model_values(P.peer_experts[self]), "experts", round), &fb.residual_experts,
+                                 own_experts, fb.base_experts[self]);
     std::vector<std::vector<float>> own_raw(static_cast<std::size_t>(n));
     std::vector<StreamPtr> raw_streams;
     for (int k = 0; k < n; ++k)
       raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self),
-                                   P.slices[k], se, model_values(P.slices[k]),
+                                   P.slices[k], se, poisoned(model_values(P.slices[k]), "shared", round),
                                    fb.residual_raw.empty() ? nullptr : &fb.residual_raw[k], own_raw[k], fb.base_slice[k]));
     store.publish(round, experts_stream, std::move(raw_streams));
 

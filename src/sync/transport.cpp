@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <unordered_map>
 
 #include "spes/config/config.h"
 #include "spes/util/error.h"
@@ -98,11 +100,20 @@ CertIdentity caller_identity(const grpc::ServerContext& context) {
   if (!auth) return {};
   const auto pem = auth->FindPropertyValues("x509_pem_cert");
   if (pem.empty()) return {};
+  // Parsed once per certificate: every call of a round asks again (spes bench tls).
+  static std::mutex mutex;
+  static std::unordered_map<std::string, CertIdentity> known;
+  std::string text(pem.front().data(), pem.front().size());
+  std::lock_guard lock(mutex);
+  if (auto it = known.find(text); it != known.end()) return it->second;
+  CertIdentity id;
   try {
-    return certificate_identity(std::string(pem.front().data(), pem.front().size()));
+    id = certificate_identity(text);
   } catch (const Error&) {
-    return {};
   }
+  if (known.size() >= 1024) known.clear();  // bounded, whatever callers present
+  known.emplace(std::move(text), id);
+  return id;
 }
 
 std::string identity_mismatch(const TransportSettings& s, const grpc::ServerContext& context, const std::string& claimed) {

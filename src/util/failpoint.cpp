@@ -59,4 +59,49 @@ void failpoint(std::string_view name) {
   spdlog::warn("failpoint {} released{}", name, stop_requested() ? " by a stop signal" : "");
 }
 
+namespace {
+
+struct Poison {
+  std::string part;  // empty: not armed
+  double factor = 1;
+  int node = -1;     // -1: every node
+  std::uint64_t from_round = 1;
+};
+
+const Poison& armed_poison() {
+  static const Poison p = [] {
+    Poison out;
+    const char* env = std::getenv("SPES_POISON");
+    if (!env || !*env) return out;
+    const std::string spec(env);
+    const auto colon = spec.find(':'), at = spec.find('@');
+    char* end = nullptr;
+    const double f = colon == std::string::npos ? 0 : std::strtod(spec.c_str() + colon + 1, &end);
+    const bool node_ok = at == std::string::npos || (at + 1 < spec.size() &&
+                         spec.find_first_not_of("0123456789", at + 1) == std::string::npos);
+    if (colon == std::string::npos || !end || (*end != '\0' && *end != '@') || !(f > 0) || !node_ok) {
+      spdlog::warn("SPES_POISON='{}' is not PART:FACTOR[@NODE] (experts:1.5, shared:1.1@3); ignored", spec);
+      return out;
+    }
+    out.part = spec.substr(0, colon);
+    out.factor = f;
+    if (at != std::string::npos) out.node = std::stoi(spec.substr(at + 1));
+    if (const char* from = std::getenv("SPES_POISON_FROM"); from && *from) out.from_round = std::strtoull(from, nullptr, 10);
+    return out;
+  }();
+  return p;
+}
+
+}  // namespace
+
+double poison_factor(std::string_view part, int node_id, std::uint64_t round) {
+  const Poison& p = armed_poison();
+  if (p.part != part || (p.node >= 0 && p.node != node_id) || round < p.from_round) return 1.0;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    spdlog::warn("SPES_POISON: node {} scales the {} it publishes by {} every round from round {} (a test of robust "
+                 "merging)", node_id, p.part, p.factor, round);
+  return p.factor;
+}
+
 }  // namespace spes

@@ -193,6 +193,7 @@ void add_bench_commands(CLI::App& app) {
   });
   add_bench_sync(*bench);
   add_bench_generate(*bench);
+  add_bench_tls(*bench);
 }
 
 }  // namespace spes::cli

@@ -9,10 +9,18 @@
 // shard's model file written, its optimizer state and manifest not yet).
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 namespace spes {
 
 void failpoint(std::string_view name);
+
+// A dishonest node for the robust-merge experiments (docs/security.md): with
+// SPES_POISON=experts:F[@NODE] the node (only node NODE, when given) scales the experts it
+// publishes by F every round (and keeps them, so the drift compounds); with SPES_POISON=shared:F
+// its contributions to the shared average; SPES_POISON_FROM=R starts at round R (default 1).
+// Returns F for that part in that round, 1 when not armed.
+double poison_factor(std::string_view part, int node_id, std::uint64_t round);
 
 }  // namespace spes

@@ -16,9 +16,10 @@
 #   sparse5   the same at 5%
 #   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has 4)
 #   trimmed   spes with the trimmed shared mean (sync.robust.shared trimmed)
-#   poisonx   node 3 scales the experts it publishes x1.5 every round from round 4 (SPES_POISON),
+#   poisonx   node 3 publishes its experts x1.5 more every round from round 4 (SPES_POISON; a drift),
 #             robust bound off;  poisonx-r: the same with the bound on (the default)
 #   poisons   node 3 scales its shared contributions x1.5 every round from round 4, plain mean;
+#             (round 4: SWEEP_POISON_FROM). Nodes log at debug level: each expert update's size.
 #             poisons-r: the same with the trimmed mean
 # Order: central and spes at every point (seed 1, small to large), then the variants at the
 # points in SWEEP_VARIANT_ACCUMS, then the other seeds. Resumable: a run whose final.json exists
@@ -33,7 +34,7 @@
 # env:   SWEEP_OUT (runs/quality-sweep), SWEEP_CONFIG (configs/tiny.yaml), SWEEP_NODE_BATCH (8),
 #        SWEEP_ACCUMS ("1 4 16 64"), SWEEP_VARIANT_ACCUMS (the largest accum),
 #        SWEEP_VARIANTS ("nowarmup int8 h50"), SWEEP_SEEDS ("1 2"),
-#        SPES_BIN (./build/spes; a copy, so that rebuilding mid-sweep changes nothing)
+#        SWEEP_POISON_FROM (4), SPES_BIN (./build/spes; a copy, so that rebuilding mid-sweep changes nothing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/quality_lib.sh
@@ -48,6 +49,7 @@ read -r -a VARIANT_ACCUMS <<< "${SWEEP_VARIANT_ACCUMS:-${ACCUMS[-1]}}"
 read -r -a VARIANTS <<< "${SWEEP_VARIANTS:-nowarmup int8 h50}"
 read -r -a SEEDS <<< "${SWEEP_SEEDS:-1 2}"
 SPES=${SPES_BIN:-./build/spes}
+POISON_FROM=${SWEEP_POISON_FROM:-4}
 CORES=$(nproc)
 SEQ_LEN=$(awk '$1 == "seq_len:" {print $2; exit}' "$CONFIG")  # data.seq_len, for tokens per node-step
 NODE_THREADS=$(( CORES / 4 > 0 ? CORES / 4 : 1 ))
@@ -97,10 +99,10 @@ run_one() {
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
               sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density" \
-              sync.robust.expert_factor="$factor" sync.robust.shared="$shared"; do
+              sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'
     done
-    SPES_POISON=$poison SPES_POISON_FROM=4 quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
+    SPES_POISON=$poison SPES_POISON_FROM=$POISON_FROM quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
     metrics=$dir/run/node0/metrics.jsonl
   fi
   local val; val=$(quality_final_val "$metrics")

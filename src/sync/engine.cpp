@@ -341,6 +341,8 @@ struct SyncEngine::Impl {
           const double change = receiver.relative_change();
           UpdateHistory& history = fb.expert_updates[peer];
           if (!dense_round) {
+            spdlog::debug("sync: round {}: node {}'s experts change by {:.4g} of their norm (median {:.4g} of {})",
+                          round, peer, change, history.median(), history.size());
             if (const auto why = history.check(change); !why.empty()) {
               out.reason = "rejected payload: " + why;
               return out;

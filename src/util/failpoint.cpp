@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -97,11 +98,15 @@ const Poison& armed_poison() {
 double poison_factor(std::string_view part, int node_id, std::uint64_t round) {
   const Poison& p = armed_poison();
   if (p.part != part || (p.node >= 0 && p.node != node_id) || round < p.from_round) return 1.0;
+  // Experts drift: the copy published in round r is the honest one × factor^(r - from + 1), so
+  // every round moves them ×factor further from what the owner trains (a slow steer). Shared
+  // contributions are averaged afresh each round, so a constant factor already pulls every round.
+  const bool drift = p.part == "experts";
   static std::atomic<bool> said{false};
   if (!said.exchange(true))
-    spdlog::warn("SPES_POISON: node {} scales the {} it publishes by {} every round from round {} (a test of robust "
-                 "merging)", node_id, p.part, p.factor, round);
-  return p.factor;
+    spdlog::warn("SPES_POISON: node {} scales the {} it publishes by {} {} from round {} (a test of robust merging)",
+                 node_id, p.part, p.factor, drift ? "more every round (compounding)" : "every round", round);
+  return drift ? std::pow(p.factor, static_cast<double>(round - p.from_round + 1)) : p.factor;
 }
 
 }  // namespace spes

@@ -18,9 +18,10 @@ void failpoint(std::string_view name);
 
 // A dishonest node for the robust-merge experiments (docs/security.md): with
 // SPES_POISON=experts:F[@NODE] the node (only node NODE, when given) scales the experts it
-// publishes by F every round (and keeps them, so the drift compounds); with SPES_POISON=shared:F
-// its contributions to the shared average; SPES_POISON_FROM=R starts at round R (default 1).
-// Returns F for that part in that round, 1 when not armed.
+// publishes by F more every round (F^(r-R+1) in round r: a drift that compounds, while the node
+// itself trains honest weights); with SPES_POISON=shared:F its contributions to the shared average
+// by F; SPES_POISON_FROM=R starts at round R (default 1). Returns the factor for that part in that
+// round, 1 when not armed.
 double poison_factor(std::string_view part, int node_id, std::uint64_t round);
 
 }  // namespace spes

@@ -78,7 +78,7 @@ const Poison& armed_poison() {
     const auto colon = spec.find(':'), at = spec.find('@');
     char* end = nullptr;
     const double f = colon == std::string::npos ? 0 : std::strtod(spec.c_str() + colon + 1, &end);
-    const bool node_ok = at == std::string::npos || (at + 1 < spec.size() &&
+    const bool node_ok = at == std::string::npos || (at + 1 < spec.size() && spec.size() - at - 1 <= 6 &&
                          spec.find_first_not_of("0123456789", at + 1) == std::string::npos);
     if (colon == std::string::npos || !end || (*end != '\0' && *end != '@') || !(f > 0) || !node_ok) {
       spdlog::warn("SPES_POISON='{}' is not PART:FACTOR[@NODE] (experts:1.5, shared:1.1@3); ignored", spec);

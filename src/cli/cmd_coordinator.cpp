@@ -1,6 +1,7 @@
-// spes coordinator plan | serve | status
+// spes coordinator plan | serve | status | remove | readmit
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -55,6 +56,21 @@ void run_serve(const std::string& cluster_path, bool exit_when_done, const std::
   spdlog::info("coordinator: stopped");
 }
 
+// spes coordinator remove|readmit: the operator's call, then the plan it leaves.
+void run_remove(const std::string& cluster_path, int node, const std::string& reason, bool readmit) {
+  ClusterConfig cluster = load_cluster(cluster_path);
+  if (std::none_of(cluster.nodes.begin(), cluster.nodes.end(), [&](const auto& n) { return n.id == node; }))
+    raise(ErrorKind::Usage, "--node {}: {} has no such node", node, cluster_path);
+  CoordinatorClient client(cluster);
+  const MembershipPlan plan = client.remove(node, reason, readmit, 10.0);
+  std::string table;
+  for (const auto& m : plan.members) table += fmt::format(" node {}: {};", m.id, format_list(m.experts));
+  std::printf("node %d %s run '%s'; plan %llu from round %llu:%s\n", node,
+              readmit ? "may join again (it catches up when it does):" : "removed from", cluster.run.c_str(),
+              static_cast<unsigned long long>(plan.version), static_cast<unsigned long long>(plan.effective_round),
+              table.c_str());
+}
+
 }  // namespace
 
 void print_cluster_status(const ClusterStatus& s) {
@@ -62,11 +78,11 @@ void print_cluster_status(const ClusterStatus& s) {
   std::printf("run '%s' | round %llu | plan %llu (from round %llu)\n", s.run_id.c_str(),
               static_cast<unsigned long long>(s.round), static_cast<unsigned long long>(s.plan.version),
               static_cast<unsigned long long>(s.plan.effective_round));
-  std::printf("%-4s %-21s %-6s %-12s %7s %5s %9s %8s %10s %10s %9s %9s %8s\n", "node", "address", "state", "experts", "step",
+  std::printf("%-4s %-21s %-7s %-12s %7s %5s %9s %8s %10s %10s %9s %9s %8s\n", "node", "address", "state", "experts", "step",
               "round", "in flight", "loss", "last sync", "last in", "tok/s", "rss", "refused");
   for (const auto& n : s.nodes) {
     const auto& p = n.progress;
-    const char* state = !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "wait" : "dead";
+    const char* state = !n.removed.empty() ? "removed" : !n.member ? "out" : p.done ? "done" : n.alive ? "alive" : n.silent_s < 0 ? "wait" : "dead";
     const std::string ago = p.last_sync_unix_s > 0 ? format_duration(now - p.last_sync_unix_s) + " ago" : "-";
     // "in flight": the round running behind training, else the delay the last one landed at.
     const std::string flight = p.round_in_flight > 0 ? fmt::format("round {}", p.round_in_flight)
@@ -74,12 +90,14 @@ void print_cluster_status(const ClusterStatus& s) {
                                                     : std::string("-");
     // "refused": peer payloads that failed validation / calls with a wrong token, run or arguments.
     const std::string refused = fmt::format("{}/{}", p.rejected_payloads, p.refused_calls);
-    std::printf("%-4d %-21s %-6s %-12s %7lld %5llu %9s %8.4f %10s %10s %9s %9s %8s\n", n.id, n.address.c_str(), state,
+    std::printf("%-4d %-21s %-7s %-12s %7lld %5llu %9s %8.4f %10s %10s %9s %9s %8s\n", n.id, n.address.c_str(), state,
                 format_list(p.experts, "-").c_str(), static_cast<long long>(p.step), static_cast<unsigned long long>(p.round),
                 flight.c_str(), p.loss, ago.c_str(), format_bytes(static_cast<double>(p.last_sync_bytes_in)).c_str(),
                 format_count(p.tokens_per_s).c_str(), format_bytes(static_cast<double>(p.peak_rss_bytes)).c_str(),
                 refused.c_str());
   }
+  for (const auto& n : s.nodes)
+    if (!n.removed.empty()) std::printf("node %d removed by an operator: %s\n", n.id, n.removed.c_str());
   bool any_refusal = s.refused_calls > 0;
   for (const auto& n : s.nodes) any_refusal = any_refusal || !n.progress.last_refusal.empty();
   if (!any_refusal) return;
@@ -126,6 +144,19 @@ void add_coordinator_commands(CLI::App& app) {
     if (*as_json) std::printf("%s\n", cluster_status_json(s, /*curves=*/false, 2).c_str());
     else print_cluster_status(s);
   });
+
+  auto node = std::make_shared<int>(-1);
+  auto reason = std::make_shared<std::string>();
+  auto* remove = coord->add_subcommand("remove", "take a node out of a running cluster for good (e.g. a leaked key): "
+                                                 "its experts go to the others, its calls are refused from then on");
+  remove->add_option("--cluster", *cluster, "cluster file (YAML); with per-node certificates, tls: the admin's")->required();
+  remove->add_option("--node", *node, "the node's id")->required();
+  remove->add_option("--reason", *reason, "why (shown in the status and in the node's refusal)");
+  remove->callback([cluster, node, reason] { run_remove(*cluster, *node, *reason, false); });
+  auto* readmit = coord->add_subcommand("readmit", "lift a node's removal: it may join again and catches up");
+  readmit->add_option("--cluster", *cluster, "cluster file (YAML); with per-node certificates, tls: the admin's")->required();
+  readmit->add_option("--node", *node, "the node's id")->required();
+  readmit->callback([cluster, node] { run_remove(*cluster, *node, "", true); });
 }
 
 }  // namespace spes::cli

@@ -121,8 +121,21 @@ ClusterStatus CoordinatorClient::status(double timeout_s) {
   out.refused_calls = reply.refused_calls();
   out.last_refusal = printable(reply.last_refusal(), 300);
   for (const auto& n : reply.nodes())
-    out.nodes.push_back({static_cast<int>(n.id()), n.address(), n.alive(), n.member(), n.silent_s(), from_proto(n.report())});
+    out.nodes.push_back({static_cast<int>(n.id()), n.address(), n.alive(), n.member(), n.silent_s(), from_proto(n.report()),
+                         printable(n.removed(), 300)});
   return out;
+}
+
+MembershipPlan CoordinatorClient::remove(int node_id, const std::string& reason, bool readmit, double timeout_s) {
+  spes::v1::RemoveRequest request;
+  request.set_run_id(impl_->transport.run_id);
+  request.set_node_id(static_cast<std::uint32_t>(node_id));
+  request.set_reason(reason);
+  request.set_readmit(readmit);
+  spes::v1::RemoveReply reply;
+  auto s = impl_->with_retries(timeout_s, [&](grpc::ClientContext& ctx) { return impl_->stub->Remove(&ctx, request, &reply); });
+  if (!s.ok()) impl_->fail(readmit ? "readmit" : "remove", s);
+  return from_proto(reply.plan());
 }
 
 }  // namespace spes

@@ -19,7 +19,7 @@ std::string cluster_status_json(const ClusterStatus& s, bool curves, int indent)
   for (const auto& n : s.nodes) {
     const NodeProgress& p = n.progress;
     nlohmann::json node{{"id", n.id}, {"address", n.address}, {"alive", n.alive}, {"member", n.member},
-                        {"done", p.done}, {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step},
+                        {"done", p.done}, {"removed", n.removed}, {"silent_s", n.silent_s}, {"experts", p.experts}, {"step", p.step},
                         {"round", p.round}, {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s},
                         {"last_sync_unix_s", p.last_sync_unix_s}, {"last_sync_bytes_in", p.last_sync_bytes_in},
                         {"bytes_in_total", p.bytes_in_total}, {"bytes_out_total", p.bytes_out_total},

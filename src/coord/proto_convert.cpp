@@ -52,6 +52,7 @@ void to_proto(const NodeProgress& p, spes::v1::NodeReport& out) {
   out.set_bytes_out_total(p.bytes_out_total);
   out.set_peak_rss_bytes(p.peak_rss_bytes);
   out.set_done(p.done);
+  out.set_stopped(p.stopped);
   out.set_round_in_flight(p.round_in_flight);
   out.set_round_delay(p.round_delay);
   out.set_rejected_payloads(p.rejected_payloads);
@@ -72,6 +73,7 @@ NodeProgress from_proto(const spes::v1::NodeReport& r) {
   p.bytes_out_total = r.bytes_out_total();
   p.peak_rss_bytes = r.peak_rss_bytes();
   p.done = r.done();
+  p.stopped = r.stopped();
   p.round_in_flight = r.round_in_flight();
   p.round_delay = r.round_delay();
   p.rejected_payloads = r.rejected_payloads();

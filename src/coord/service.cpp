@@ -104,6 +104,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
   std::uint64_t max_round = 0;              // highest round any node asked a plan for
   std::uint64_t rounds_done = 0;            // highest round any node reported finished
   std::map<int, NodeState> nodes;
+  std::map<int, std::string> removed;       // node -> reason: removed by an operator (persisted)
   std::unique_ptr<grpc::Server> server;
   std::thread monitor;
   bool stopping = false;
@@ -139,6 +140,12 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
       max_round = j.at("max_round").get<std::uint64_t>();
       rounds_done = j.value("rounds_done", std::uint64_t{0});
       for (const auto& p : j.at("plans")) plans.push_back(plan_from_json(p));
+      for (const auto& r : j.value("removed", json::array())) {
+        const int id = r.at("node").get<int>();
+        if (!nodes.count(id))
+          raise(ErrorKind::Config, "coordinator state '{}' removed node {}, which the cluster file does not have", path, id);
+        removed[id] = r.value("reason", std::string{});
+      }
       if (plans.empty() || plans.front().members.size() != first.members.size())
         raise(ErrorKind::Config, "coordinator state '{}' does not match the cluster file's nodes", path);
       for (const auto& m : plans.back().members)
@@ -155,7 +162,9 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
   void save_state() {
     json p = json::array();
     for (const auto& plan : plans) p.push_back(plan_json(plan));
-    json j{{"run", cluster.run}, {"max_round", max_round}, {"rounds_done", rounds_done}, {"plans", p}};
+    json r = json::array();
+    for (const auto& [id, reason] : removed) r.push_back({{"node", id}, {"reason", reason}});
+    json j{{"run", cluster.run}, {"max_round", max_round}, {"rounds_done", rounds_done}, {"plans", p}, {"removed", r}};
     const std::filesystem::path path = cluster.state_path();
     if (path.has_parent_path()) ensure_directory(path.parent_path());
     write_file_atomic(path, j.dump(1));
@@ -190,6 +199,14 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     return ids;
   }
 
+  // Members a rejoining node can fetch a round from: not silent past dead_after_s, not stopped.
+  std::vector<int> live_member_ids(int without) {
+    std::vector<int> ids;
+    for (int id : member_ids(without))
+      if (nodes[id].alive) ids.push_back(id);
+    return ids;
+  }
+
   grpc::Status check(const grpc::ServerContext* context, const std::string& run_id, int node_id, bool needs_node) {
     if (!sync_detail::has_token(*context, transport.token))
       return {grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token"};
@@ -204,6 +221,57 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     }
     if (needs_node && !nodes.count(node_id))
       return {grpc::StatusCode::NOT_FOUND, "node " + std::to_string(node_id) + " is not in the cluster file"};
+    if (needs_node && removed.count(node_id))
+      return {grpc::StatusCode::PERMISSION_DENIED, removed_text(node_id) + " (`spes coordinator readmit --node " +
+                                                       std::to_string(node_id) + "` lets it back)"};
+    return grpc::Status::OK;
+  }
+
+  std::string removed_text(int id) const {
+    const std::string& why = removed.at(id);
+    return "node " + std::to_string(id) + " was removed from run '" + cluster.run + "' by an operator" +
+           (why.empty() ? "" : ": " + why);
+  }
+
+  // Operators only: with per-node certificates the admin's or the coordinator's; else the token.
+  grpc::Status check_operator(const grpc::ServerContext* context, const std::string& run_id) {
+    if (auto s = check(context, run_id, 0, false); !s.ok()) return s;
+    if (transport.identity.empty()) return grpc::Status::OK;
+    const CertIdentity caller = sync_detail::caller_identity(*context);
+    if (caller.name == kAdminHolder || caller.name == kCoordinatorHolder) return grpc::Status::OK;
+    return {grpc::StatusCode::PERMISSION_DENIED, "only an operator may remove or readmit nodes (`spes ca issue --admin`); "
+                                                 "the caller holds the certificate of " + caller.describe()};
+  }
+
+  grpc::Status Remove(grpc::ServerContext* context, const spes::v1::RemoveRequest* request,
+                      spes::v1::RemoveReply* reply) override {
+    const int id = static_cast<int>(request->node_id());
+    std::lock_guard lock(mutex);
+    if (auto s = check_operator(context, request->run_id()); !s.ok()) return refuse(context, s);
+    if (!nodes.count(id))
+      return refuse(context, {grpc::StatusCode::NOT_FOUND, "node " + std::to_string(id) + " is not in the cluster file"});
+    const std::string reason = printable(request->reason(), 200);
+    if (request->readmit()) {
+      if (removed.erase(id)) {
+        save_state();
+        spdlog::warn("coordinator: node {} readmitted by an operator: it may join again", id);
+      }
+    } else if (!removed.count(id)) {
+      if (latest().find(id)) {
+        auto rest = member_ids(id);
+        if (rest.empty())
+          return refuse(context, {grpc::StatusCode::FAILED_PRECONDITION,
+                                  "node " + std::to_string(id) + " is the last member: removing it would end the run"});
+        removed[id] = reason;
+        replan(rest, {}, "node " + std::to_string(id) + " removed by an operator");
+      } else {
+        removed[id] = reason;
+        save_state();
+      }
+      nodes[id].alive = false;
+      spdlog::warn("coordinator: {}; its joins, heartbeats and plan requests are refused from now on", removed_text(id));
+    }
+    to_proto(latest(), *reply->mutable_plan());
     return grpc::Status::OK;
   }
 
@@ -239,7 +307,9 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     // A run in progress: the node's weights are stale. It first observes one round (its experts,
     // if it had any, go to live members for that round), then the next plan makes it a member
     // again with its planned experts.
-    auto others = member_ids(id);
+    // Members marked dead or stopped are left out of both plans: a round they would never serve
+    // fails the catch-up; they rejoin (and catch up) themselves when they come back.
+    auto others = live_member_ids(id);
     if (others.empty())
       return refuse(context, {grpc::StatusCode::FAILED_PRECONDITION,
                               "no live member to catch up from: restart the run (or resume from a checkpoint)"});
@@ -268,6 +338,12 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     st.last_seen = Clock::now();
     st.progress = std::move(report);
     st.record_loss();
+    if (st.progress.stopped) {
+      st.alive = false;
+      st.dead_since = st.last_seen;
+      spdlog::warn("coordinator: node {} stopped at step {} (signal): experts {} go to live members after {:.0f} s "
+                   "unless it rejoins", id, st.progress.step, format_list(st.progress.experts), cluster.coordinator.grace_s);
+    }
     if (st.progress.round > rounds_done) {
       rounds_done = st.progress.round;
       save_state();
@@ -312,6 +388,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
       row.member = latest().find(n.id) != nullptr;
       row.silent_s = st.joined ? std::chrono::duration<double>(now - st.last_seen).count() : -1.0;
       row.progress = st.progress;
+      if (auto r = removed.find(n.id); r != removed.end()) row.removed = r->second.empty() ? "removed" : r->second;
       out.nodes.push_back(std::move(row));
     }
     return out;
@@ -334,6 +411,7 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
       row->set_alive(r.alive);
       row->set_member(r.member);
       row->set_silent_s(r.silent_s);
+      row->set_removed(r.removed);
       to_proto(r.progress, *row->mutable_report());
     }
     return grpc::Status::OK;

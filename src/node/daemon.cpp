@@ -228,7 +228,7 @@ class NodeDaemon {
       plan_ = static_plan(config_);
     }
     engine_ = make_engine();
-    if (catch_up_round > 0) catch_up(catch_up_round);
+    if (catch_up_round > 0) catch_up_with_retries(catch_up_round);
     else adopt(plan_, /*log_changes=*/false);
     if (carry && catch_up_round == 0) restore_carry(*carry);
 
@@ -244,6 +244,7 @@ class NodeDaemon {
     if (heartbeat_) {
       NodeProgress last = heartbeat_->snapshot();
       last.done = !trainer_.stopped_early();
+      last.stopped = trainer_.stopped_early();
       heartbeat_->stop(last, true);
     }
     if (trainer_.stopped_early()) {
@@ -314,6 +315,32 @@ class NodeDaemon {
       raise(ErrorKind::Peer, "caught up at round {} but the coordinator has no plan with node {} as a member", round,
             config_.run.node_id);
     switch_plan(*next);
+  }
+
+  // A member of the catch-up plan may itself be gone (killed, not yet found silent) or be
+  // restarting: the round fails. Joining again gets a plan without the nodes the coordinator has
+  // since found dead or stopped, at a later round.
+  void catch_up_with_retries(std::uint64_t round) {
+    constexpr int kAttempts = 3;
+    for (int attempt = 1;; ++attempt) {
+      try {
+        catch_up(round);
+        return;
+      } catch (const Error& err) {
+        if (err.kind() != ErrorKind::Peer || attempt == kAttempts) throw;
+        spdlog::warn("catching up at round {} failed (attempt {} of {}): {}; joining again for a newer plan", round,
+                     attempt, kAttempts, err.what());
+      }
+      engine_.reset();
+      auto [plan, next_round] = coordinator_->join(config_.run.node_id, static_plan(config_).find(config_.run.node_id)->address,
+                                                   config_.coordinator.wait_s);
+      if (next_round == 0)
+        raise(ErrorKind::Peer, "the coordinator says run '{}' has not started, yet node {} was catching up at round {}",
+              config_.sync.effective_run_id(config_.run), config_.run.node_id, round);
+      plan_ = plan;
+      round = next_round;
+      engine_ = make_engine();
+    }
   }
 
   void after_step(const StepStats& s) {

@@ -8,7 +8,9 @@
 #      overlapped rounds (sync.overlap, max_delay 3);
 #   G. SIGTERM to a node: it finishes its step, leaves cleanly, writes a checkpoint shard, exits 0;
 #   H. bad input: port in use (nothing started), malformed cluster file, unknown node id;
-#   I. Ctrl-C (SIGINT) to launch-local mid-run: every process it started exits, no port stays bound.
+#   I. Ctrl-C (SIGINT) to launch-local mid-run: every process it started exits, no port stays bound;
+#   J. an operator removes a node (admin certificate; a node's is refused): it exits 6 with the
+#      reason, a restart is refused, readmitted it catches up and all three finish identical.
 # usage: coordinator_cluster.sh SPES SOURCE_DIR TEST_DATA_DIR
 set -uo pipefail
 SPES=$1
@@ -180,6 +182,56 @@ bound=$(for p in $(grep -o "127.0.0.1:[0-9]*" "$TMP/i/cluster.yaml" | cut -d: -f
 [[ $rc -ne 0 && -z "$left" && -z "$bound" ]] && grep -q "every process it started has exited" "$TMP/i/launch.log" &&
   echo "ok   I: Ctrl-C: launch-local stopped every process it started (exit $rc), no port left bound" ||
   fail "I: Ctrl-C: rc $rc, processes left: '$left', ports bound: '$bound'"
+
+# ---- J: an operator removes a node (spes coordinator remove), then readmits it ----
+tls=$TMP/j/tls
+"$SPES" ca init "$tls" --run test-j > /dev/null && "$SPES" ca issue "$tls" --node 0,1,2 --host 127.0.0.1 > /dev/null &&
+  "$SPES" ca issue "$tls" --coordinator --host 127.0.0.1 > /dev/null && "$SPES" ca issue "$tls" --admin > /dev/null ||
+  fail "J: spes ca"
+CLUSTER_SECURITY="tls: {ca: $tls/ca.pem, cert: $tls/coordinator.pem, key: $tls/coordinator.key, node_dir: $tls}" \
+  write_cluster j 1000
+echo secret > "$TMP/j/token"
+as_holder() { sed "s#$tls/coordinator\.#$tls/$1.#g" "$TMP/j/cluster.yaml" > "$TMP/j/as-$1.yaml"; }
+as_holder admin
+as_holder node-1
+"$SPES" coordinator plan --cluster "$TMP/j/cluster.yaml" --out "$TMP/j/plan" > /dev/null 2>&1 || fail "J: plan"
+"$SPES" coordinator serve --cluster "$TMP/j/cluster.yaml" --exit-when-done > "$TMP/j/coord.log" 2>&1 &
+coord=$!; pids+=($coord)
+node_pid=()
+for i in 0 1 2; do
+  "$SPES" node -c "$TMP/j/plan/node$i.yaml" > "$TMP/j/node$i.log" 2>&1 &
+  node_pid[$i]=$!; pids+=($!)
+done
+wait_for "$TMP/j/node2.log" "sync  round   1" 600 || fail "J: node 2 never reached round 1"
+out=$("$SPES" coordinator remove --cluster "$TMP/j/as-node-1.yaml" --node 2 2>&1); rc=$?
+# (refused before any call: the coordinator itself refuses it too, tests/unit/coord_test.cpp)
+[[ $rc -eq 3 && "$out" == *"operators use the run's coordinator or admin certificate"* ]] ||
+  fail "J: node 1's certificate removed a node: rc $rc: $out"
+"$SPES" coordinator remove --cluster "$TMP/j/as-admin.yaml" --node 2 --reason "key leaked" > "$TMP/j/remove.log" 2>&1 ||
+  fail "J: remove: $(cat "$TMP/j/remove.log")"
+grep -q "node 2 removed from run 'test-j'" "$TMP/j/remove.log" || fail "J: remove printed: $(cat "$TMP/j/remove.log")"
+wait "${node_pid[2]}"; rc=$?
+[[ $rc -eq 6 ]] && grep -q "node 2 was removed from run 'test-j' by an operator: key leaked" "$TMP/j/node2.log" ||
+  fail "J: removed node 2 exited $rc: $(tail -2 "$TMP/j/node2.log")"
+"$SPES" coordinator status --cluster "$TMP/j/as-admin.yaml" --json > "$TMP/j/status.json" 2>&1 || fail "J: status"
+python3 - "$TMP/j/status.json" <<'PY' || fail "J: status does not show node 2 removed"
+import json, sys
+nodes = {n["id"]: n for n in json.load(open(sys.argv[1]))["nodes"]}
+assert nodes[2]["removed"] == "key leaked" and not nodes[2]["member"], nodes[2]
+assert nodes[0]["member"] and nodes[1]["member"]
+PY
+"$SPES" node -c "$TMP/j/plan/node2.yaml" --resume > "$TMP/j/node2-refused.log" 2>&1; rc=$?
+[[ $rc -eq 6 ]] && grep -q "was removed from run 'test-j'" "$TMP/j/node2-refused.log" ||
+  fail "J: a removed node restarted: rc $rc: $(tail -2 "$TMP/j/node2-refused.log")"
+"$SPES" coordinator readmit --cluster "$TMP/j/as-admin.yaml" --node 2 > "$TMP/j/readmit.log" 2>&1 || fail "J: readmit"
+"$SPES" node -c "$TMP/j/plan/node2.yaml" --resume > "$TMP/j/node2-back.log" 2>&1 &
+node_pid[2]=$!; pids+=($!)
+for i in 0 1 2; do wait "${node_pid[$i]}" || fail "J: node $i exited $?"; done
+wait "$coord" || fail "J: coordinator exited $?"
+grep -q "caught up at round" "$TMP/j/node2-back.log" && grep -q "node 2 done" "$TMP/j/node2-back.log" ||
+  fail "J: readmitted node 2 did not catch up and finish"
+same_last_round j && [[ $failures -eq 0 ]] &&
+  echo "ok   J: remove (admin certificate only): node 2 refused with the reason, also on restart; readmitted, caught up, identical weights"
 
 if [[ $failures -ne 0 ]]; then
   for f in "$TMP"/*/node*.log "$TMP"/*/coord*.log; do echo "== $f"; tail -4 "$f"; done

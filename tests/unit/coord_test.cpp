@@ -147,6 +147,119 @@ TEST(Coordinator, TokenHeartbeatLossRestart) {
   restarted.stop();
 }
 
+// A node rejoining a run in progress catches up only from members that can serve the round: not
+// one found silent (dead, still in its grace period) nor one that reported it stopped on a signal.
+TEST(Coordinator, RejoiningNodeCatchesUpOnlyFromLiveMembers) {
+  const std::string dir = ::testing::TempDir() + "/coord_live_test";
+  std::filesystem::remove_all(dir);
+  auto cluster = parse_cluster(
+      "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir + "\ntoken: secret\ninsecure: true\nassignment: round_robin\n"
+      "coordinator: {address: '127.0.0.1:0', heartbeat_s: 0.1, dead_after_s: 0.5, grace_s: 60}\nnodes:\n"
+      "  - {id: 0, address: '127.0.0.1:9300'}\n  - {id: 1, address: '127.0.0.1:9301'}\n"
+      "  - {id: 2, address: '127.0.0.1:9302'}\n", "c.yaml");
+  CoordinatorServer server(cluster);
+  server.start();
+  cluster.coordinator.address = "127.0.0.1:" + std::to_string(server.port());
+  CoordinatorClient client(cluster);
+  for (int i = 0; i < 3; ++i) client.join(i, "127.0.0.1:930" + std::to_string(i), 1.0);
+  NodeProgress p;
+  p.round = 1;
+  p.step = 10;
+  for (int i = 0; i < 3; ++i) client.heartbeat(i, p);
+  // Node 2 falls silent (dead after 0.5 s; the long grace keeps it in the plan); node 1 stops.
+  for (int i = 0; i < 10; ++i) {
+    client.heartbeat(0, p);
+    client.heartbeat(1, p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  NodeProgress stopped = p;
+  stopped.stopped = true;
+  client.heartbeat(1, stopped);
+  const ClusterStatus seen = client.status(5.0);
+  ASSERT_EQ(seen.nodes.size(), 3u);
+  EXPECT_TRUE(seen.nodes[0].alive);
+  EXPECT_FALSE(seen.nodes[1].alive);
+  EXPECT_FALSE(seen.nodes[2].alive);
+  EXPECT_EQ(seen.plan.members.size(), 3u);  // both still members: the grace period has not passed
+
+  // Node 1 restarts first: node 2 (dead) is no source for its round and leaves the plan.
+  auto [plan1, round1] = client.join(1, "127.0.0.1:9301", 1.0);
+  EXPECT_GT(round1, 1u);
+  ASSERT_EQ(plan1.members.size(), 1u);
+  EXPECT_EQ(plan1.members[0].id, 0);
+  EXPECT_EQ(plan1.observers, std::vector<int>{1});
+  auto after1 = client.plan_for(0, round1 + 1, 1.0);
+  ASSERT_TRUE(after1);
+  EXPECT_TRUE(after1->find(0) && after1->find(1) && !after1->find(2));
+  // Node 2 comes back: node 1, rejoined, is live again and a source.
+  auto [plan2, round2] = client.join(2, "127.0.0.1:9302", 1.0);
+  EXPECT_GT(round2, round1);
+  EXPECT_EQ(plan2.members.size(), 2u);
+  EXPECT_TRUE(plan2.find(0) && plan2.find(1));
+  auto all = client.plan_for(0, round2 + 1, 1.0);
+  ASSERT_TRUE(all);
+  EXPECT_EQ(all->members.size(), 3u);
+  server.stop();
+}
+
+// An operator removes a node (e.g. its key leaked): it leaves the plan, and its joins, heartbeats
+// and plan requests are refused with the reason, also after a coordinator restart, until readmitted.
+TEST(Coordinator, RemovedNodeIsRefusedUntilReadmitted) {
+  const std::string dir = ::testing::TempDir() + "/coord_remove_test";
+  std::filesystem::remove_all(dir);
+  const std::string text = "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir +
+                           "\ntoken: secret\ninsecure: true\nassignment: round_robin\ncoordinator: {address: '127.0.0.1:0', heartbeat_s: 0.1, "
+                           "dead_after_s: 30, grace_s: 60}\nnodes:\n  - {id: 0, address: '127.0.0.1:9310'}\n"
+                           "  - {id: 1, address: '127.0.0.1:9311'}\n  - {id: 2, address: '127.0.0.1:9312'}\n";
+  auto cluster = parse_cluster(text, "c.yaml");
+  auto server = std::make_unique<CoordinatorServer>(cluster);
+  server->start();
+  const int port = server->port();
+  cluster.coordinator.address = "127.0.0.1:" + std::to_string(port);
+  CoordinatorClient client(cluster);
+  for (int i = 0; i < 3; ++i) client.join(i, "127.0.0.1:931" + std::to_string(i), 1.0);
+  NodeProgress p;
+  p.round = 1;
+  p.step = 10;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client.heartbeat(i, p));
+
+  EXPECT_NE(error_of([&] { client.remove(7, "", false, 1.0); }).find("node 7 is not in the cluster file"), std::string::npos);
+  const MembershipPlan without = client.remove(2, "key leaked", false, 1.0);
+  ASSERT_EQ(without.members.size(), 2u);
+  EXPECT_TRUE(without.find(0) && without.find(1) && !without.find(2));
+  EXPECT_EQ(without.find(0)->experts.size() + without.find(1)->experts.size(), 8u);  // node 2's experts handed on
+  const std::string refused = error_of([&] { client.join(2, "127.0.0.1:9312", 1.0); });
+  EXPECT_NE(refused.find("node 2 was removed from run 't' by an operator: key leaked"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("spes coordinator readmit --node 2"), std::string::npos) << refused;
+  EXPECT_FALSE(client.heartbeat(2, p));
+  EXPECT_NE(error_of([&] { client.plan_for(2, 3, 1.0); }).find("removed"), std::string::npos);
+  ASSERT_TRUE(client.heartbeat(0, p));  // the others carry on
+  // The last member cannot be removed.
+  client.remove(1, "", false, 1.0);
+  EXPECT_NE(error_of([&] { client.remove(0, "", false, 1.0); }).find("last member"), std::string::npos);
+  client.remove(1, "", true, 1.0);
+
+  // A restarted coordinator still refuses node 2; readmitted, it catches up and becomes a member.
+  server->stop();
+  auto again = parse_cluster(text, "c.yaml");
+  again.coordinator.address = cluster.coordinator.address;
+  server = std::make_unique<CoordinatorServer>(again);
+  server->start();
+  const ClusterStatus seen = client.status(5.0);
+  ASSERT_EQ(seen.nodes.size(), 3u);
+  EXPECT_EQ(seen.nodes[2].removed, "key leaked");
+  EXPECT_FALSE(seen.nodes[2].member);
+  EXPECT_TRUE(seen.nodes[1].removed.empty());
+  EXPECT_NE(error_of([&] { client.join(2, "127.0.0.1:9312", 1.0); }).find("removed"), std::string::npos);
+  client.remove(2, "", true, 1.0);
+  auto [plan, round] = client.join(2, "127.0.0.1:9312", 1.0);
+  EXPECT_GT(round, 1u);
+  EXPECT_EQ(plan.observers, std::vector<int>{2});
+  auto member_again = client.plan_for(0, round + 1, 1.0);
+  ASSERT_TRUE(member_again && member_again->find(2));
+  server->stop();
+}
+
 // Per-node certificates at the coordinator: a node speaks only for itself; the plan writes each
 // node its own certificate; the coordinator refuses to serve with a node's certificate.
 TEST(Coordinator, PerNodeCertificatesBindNodeIds) {
@@ -216,6 +329,21 @@ TEST(Coordinator, PerNodeCertificatesBindNodeIds) {
   EXPECT_NE(st.last_refusal.find("node 0's report: loss nan is not a finite cross-entropy"), std::string::npos)
       << st.last_refusal;
   for (const auto& row : st.nodes) EXPECT_EQ(row.progress.step, row.id == 0 ? 7 : 0);
+  // Removing a node takes an operator's certificate: node 0's is refused, the operator's works.
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(sync_detail::kTokenHeader, "secret");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    spes::v1::RemoveRequest req;
+    req.set_run_id("t");
+    req.set_node_id(1);
+    spes::v1::RemoveReply reply;
+    const grpc::Status s = stub->Remove(&ctx, req, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(s.error_message().find("only an operator"), std::string::npos) << s.error_message();
+  }
+  const MembershipPlan after = admin.remove(1, "test", false, 5.0);
+  EXPECT_TRUE(after.find(0) && !after.find(1));
   server.stop();
 }
 

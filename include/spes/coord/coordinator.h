@@ -40,6 +40,7 @@ struct NodeProgress {
   std::uint64_t last_sync_bytes_in = 0, bytes_in_total = 0, bytes_out_total = 0;
   std::int64_t peak_rss_bytes = 0;
   bool done = false;
+  bool stopped = false;  // stopped early (signal), checkpoint written: gone until it rejoins
   std::vector<int> experts;
   std::uint64_t round_in_flight = 0;  // sync.overlap: the round running behind training (0 = none)
   std::int64_t round_delay = 0;       // steps from the last round's snapshot to its landing
@@ -55,6 +56,7 @@ struct NodeStatusRow {
   bool alive = false, member = false;
   double silent_s = -1;
   NodeProgress progress;
+  std::string removed;  // removed by an operator: the reason (empty: not removed)
   // (step, loss) as the heartbeats reported them, thinned to at most a few thousand points;
   // filled by CoordinatorServer::status() for the dashboard (not sent by the Status call).
   std::vector<std::pair<std::int64_t, double>> loss_curve;
@@ -106,6 +108,10 @@ class CoordinatorClient {
   // The plan for `round` (the latest with effective_round <= round); nullopt when unreachable for wait_s.
   std::optional<MembershipPlan> plan_for(int node_id, std::uint64_t round, double wait_s);
   ClusterStatus status(double timeout_s);
+  // An operator's removal of `node_id` (or, with readmit, lifting it); returns the latest plan.
+  // Error(Peer) naming the coordinator's reason when refused (not the admin certificate, unknown
+  // node, the last member).
+  MembershipPlan remove(int node_id, const std::string& reason, bool readmit, double timeout_s);
 
  private:
   struct Impl;

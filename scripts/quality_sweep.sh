@@ -14,7 +14,7 @@
 #   h50       spes syncing every 50 steps instead of 20
 #   sparse    spes with sparse deltas (sync.sparse: 2% of each chunk of 4096, 2 bits; error feedback)
 #   sparse5   the same at 5%
-#   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has 4)
+#   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has SWEEP_EXPERT_FACTOR)
 #   trimmed   spes with the trimmed shared mean (sync.robust.shared trimmed)
 #   poisonx   node 3 publishes its experts x1.5 more every round from round 4 (SPES_POISON; a drift),
 #             robust bound off;  poisonx-r: the same with the bound on (the default)
@@ -34,7 +34,7 @@
 # env:   SWEEP_OUT (runs/quality-sweep), SWEEP_CONFIG (configs/tiny.yaml), SWEEP_NODE_BATCH (8),
 #        SWEEP_ACCUMS ("1 4 16 64"), SWEEP_VARIANT_ACCUMS (the largest accum),
 #        SWEEP_VARIANTS ("nowarmup int8 h50"), SWEEP_SEEDS ("1 2"),
-#        SWEEP_POISON_FROM (4), SPES_BIN (./build/spes; a copy, so that rebuilding mid-sweep changes nothing)
+#        SWEEP_POISON_FROM (4), SWEEP_EXPERT_FACTOR (2.5), SPES_BIN (./build/spes; a copy, so that rebuilding mid-sweep changes nothing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/quality_lib.sh
@@ -50,6 +50,7 @@ read -r -a VARIANTS <<< "${SWEEP_VARIANTS:-nowarmup int8 h50}"
 read -r -a SEEDS <<< "${SWEEP_SEEDS:-1 2}"
 SPES=${SPES_BIN:-./build/spes}
 POISON_FROM=${SWEEP_POISON_FROM:-4}
+EXPERT_FACTOR=${SWEEP_EXPERT_FACTOR:-2.5}  # sync.robust.expert_factor where the variant does not turn it off
 CORES=$(nproc)
 SEQ_LEN=$(awk '$1 == "seq_len:" {print $2; exit}' "$CONFIG")  # data.seq_len, for tokens per node-step
 NODE_THREADS=$(( CORES / 4 > 0 ? CORES / 4 : 1 ))
@@ -78,7 +79,7 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32 density=0.02 factor=4 shared=mean poison=""
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 factor=$EXPERT_FACTOR shared=mean poison=""
     case $variant in
       spes) ;;
       norobust) factor=0 ;;

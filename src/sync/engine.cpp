@@ -14,6 +14,7 @@
 #include "payload.h"
 #include "round_deadline.h"
 #include "spes/sync/merge.h"
+#include "spes/train/schedule.h"
 #include "spes/util/error.h"
 #include "spes/util/failpoint.h"
 #include "spes/util/log.h"
@@ -83,6 +84,7 @@ struct SyncEngine::Impl {
   // The run's last round with a sparse encoding: sent in fp32 with the residuals folded in, so
   // the final weights hold every update (sparse residuals are whole updates not sent yet).
   bool dense_round = false;
+  double lr_scale = 1;  // the round's mean learning rate over the peak's (sync.robust: updates per unit of it)
 
   Impl(const Config& c, ParamSet p, SyncMembership m)
       : config(c),
@@ -309,19 +311,33 @@ struct SyncEngine::Impl {
       auto reader = stubs[peer]->Fetch(&context, request);
       spes::v1::TensorChunk chunk;
       std::string invalid;
-      while (reader->Read(&chunk)) {
+      auto count_in = [&] {
         bytes_in += chunk.ByteSizeLong();
         peer_bytes_in[peer] += chunk.ByteSizeLong();
         if (const auto enc = static_cast<std::size_t>(chunk.piece().encoding()); enc < bytes_in_by_encoding.size())
           bytes_in_by_encoding[enc] += chunk.ByteSizeLong();
+      };
+      while (reader->Read(&chunk)) {
+        count_in();
         try {
           receiver.add(chunk);
           if (receiver.chunks_received() == 1) failpoint("pull");
         } catch (const Error& err) {
           invalid = err.what();
-          context.TryCancel();
           break;
         }
+      }
+      if (!invalid.empty()) {
+        // The rest is read and dropped, so that the sender sees its stream served and does not
+        // wait for this node at its end (SyncEngine::finish); one longer than the payload could be
+        // is cut off.
+        const std::size_t limit = 2 * sizeof(float) * receiver.values().size() + (std::size_t{1} << 20);
+        std::size_t drained = 0;
+        while (drained <= limit && reader->Read(&chunk)) {
+          count_in();
+          drained += chunk.ByteSizeLong();
+        }
+        if (drained > limit) context.TryCancel();
       }
       grpc::Status status = reader->Finish();
       if (!invalid.empty()) {
@@ -338,11 +354,12 @@ struct SyncEngine::Impl {
         if (part == spes::v1::EXPERTS && !observer) {
           // The owner's update against its own history — except in a sparse run's last round,
           // which also carries every update error feedback held back.
-          const double change = receiver.relative_change();
+          const double change = receiver.relative_change() / lr_scale;
           UpdateHistory& history = fb.expert_updates[peer];
           if (!dense_round) {
-            spdlog::debug("sync: round {}: node {}'s experts change by {:.4g} of their norm (median {:.4g} of {})",
-                          round, peer, change, history.median(), history.size());
+            spdlog::debug("sync: round {}: node {}'s experts change by {:.4g} of their norm at a learning rate {:.3g} x "
+                          "the peak: {:.4g} per unit (median {:.4g} of {})", round, peer, change * lr_scale, lr_scale,
+                          change, history.median(), history.size());
             if (const auto why = history.check(change); !why.empty()) {
               out.reason = "rejected payload: " + why;
               return out;
@@ -415,6 +432,16 @@ struct SyncEngine::Impl {
     report.merged = true;
     report.merge_alpha = merge_alpha(config.merge, at);
     merge_experts(params, report.merge_alpha, config.merge.top_k, which == 0 ? std::vector<int>{} : parts[which].layers);
+  }
+
+  // The mean learning rate, over the peak's, of the steps since the last round: an owner's honest
+  // update grows and shrinks with it (warm-up, decay), so the robust bound compares updates per
+  // unit of it, and a warm-up does not look like a drift.
+  double round_lr_scale(std::int64_t step) const {
+    const std::int64_t from = std::max<std::int64_t>(0, step - config.sync.every);
+    double sum = 0;
+    for (std::int64_t s = from; s < step; ++s) sum += learning_rate(1.0, config.schedule, config.train.steps, s);
+    return step > from && sum > 0 ? sum / static_cast<double>(step - from) : 1.0;
   }
 
   // The observer's round: every averaged slice from its aggregator and every expert from its
@@ -500,6 +527,7 @@ struct SyncEngine::Impl {
     const RoundParts& P = parts[which];
     Feedback& fb = feedback[which];
     last_parts = which;
+    lr_scale = round_lr_scale(step);
     const auto t0 = Clock::now();
     const bool adaptive = timeout_s <= 0;
     if (adaptive) timeout_s = deadlines.next();

@@ -49,8 +49,8 @@ std::string UpdateHistory::check(double relative) const {
   if (robust_.expert_factor <= 0 || past_.size() < static_cast<std::size_t>(robust_.min_history)) return {};
   const double limit = robust_.expert_factor * median();
   if (relative <= limit) return {};
-  return fmt::format("its experts change by {:.3g} of their norm, more than sync.robust.expert_factor {} x the median "
-                     "{:.3g} of its last {} accepted updates",
+  return fmt::format("its experts change by {:.3g} of their norm per unit of the learning rate, more than "
+                     "sync.robust.expert_factor {} x the median {:.3g} of its last {} accepted updates",
                      relative, robust_.expert_factor, median(), past_.size());
 }
 

@@ -5,7 +5,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "cut_proxy.h"
 #include "spes/sync/engine.h"
 #include "spes/sync/identity.h"
+#include "spes/train/schedule.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
 #include "spes/v1/sync.grpc.pb.h"
@@ -35,8 +38,9 @@ struct Cluster {
   std::vector<std::vector<std::vector<float>>> before;
 
   // fragments > 1: sync.every = sync.fragments = fragments (a round every step, one fragment each).
+  // `adjust` changes each node's parsed config before its engine starts.
   Cluster(int n, const std::string& extra = kInsecure, std::vector<bool> started = {}, double round_timeout_s = 20,
-          int fragments = 1) {
+          int fragments = 1, const std::function<void(Config&)>& adjust = {}) {
     for (int i = 0; i < n; ++i) ports.push_back(test::free_port());
     for (int i = 0; i < n; ++i) {
       models.push_back(std::make_unique<FakeModel>(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab,
@@ -45,6 +49,7 @@ struct Cluster {
       Config cfg = config(i, extra);
       cfg.sync.round_timeout_s = round_timeout_s;
       cfg.sync.every = cfg.sync.fragments = fragments;
+      if (adjust) adjust(cfg);
       engines.push_back(start ? std::make_unique<SyncEngine>(cfg, models[i]->params) : nullptr);
     }
   }
@@ -514,6 +519,88 @@ TEST(RobustMerge, AnOwnerScalingItsExpertsIsRefused) {
       EXPECT_EQ(expert3(i), kept[i]) << "node " << i << " took the scaled experts";
     }
   }
+}
+
+// An owner adding noise to its experts: noise the size of an honest round's update passes (it is
+// no bigger than an honest update, which is all the bound promises); ten times that is refused.
+TEST(RobustMerge, NoiseOnAnOwnersExpertsIsBoundedByItsHonestUpdates) {
+  Cluster c(4);
+  const ParamSet& P = c.models[0]->params;
+  auto expert3 = [&](int node) {
+    std::vector<float> out;
+    for (std::size_t t = 0; t < P.size(); ++t)
+      if (P[t].expert == 3) out.insert(out.end(), c.models[node]->storage[t].begin(), c.models[node]->storage[t].end());
+    return out;
+  };
+  auto distance = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0, n = 0;
+    for (std::size_t x = 0; x < a.size(); ++x) {
+      d += (a[x] - b[x]) * static_cast<double>(a[x] - b[x]);
+      n += a[x] * static_cast<double>(a[x]);
+    }
+    return std::sqrt(d / n);  // relative to a's norm
+  };
+  std::uint64_t r = 1;
+  double honest = 0;
+  for (; r <= 4; ++r) {
+    c.perturb(0.01f);
+    const auto before = expert3(0);
+    for (const auto& report : c.round(r)) EXPECT_TRUE(report.skipped.empty()) << "honest round " << r;
+    honest = std::max(honest, distance(before, expert3(0)));
+  }
+  ASSERT_GT(honest, 0);
+  for (const float size : {1.0f, 10.0f}) {
+    c.perturb(0.01f);
+    for (std::size_t t = 0; t < P.size(); ++t)
+      if (P[t].expert == 3)
+        for (std::size_t x = 0; x < c.models[3]->storage[t].size(); ++x)  // zero-mean, +-0.01 * size
+          c.models[3]->storage[t][x] += size * 0.01f * (static_cast<float>((x * 37 + t * 5) % 11) - 5.0f) / 5.0f;
+    const auto before = expert3(0);
+    auto reports = c.round(r++);
+    const double moved = distance(before, expert3(0));
+    if (size == 1.0f) {
+      for (const auto& report : reports) EXPECT_TRUE(report.skipped.empty()) << "noise of an honest update's size";
+      EXPECT_LE(moved, 4 * honest) << "accepted, but more than sync.robust.expert_factor x an honest update";
+    } else {
+      ASSERT_EQ(reports[0].skipped.size(), 1u);
+      EXPECT_EQ(reports[0].skipped[0].peer, 3);
+      EXPECT_EQ(moved, 0.0) << "node 0 took the noisy experts";
+    }
+  }
+}
+
+// Through a warm-up an honest owner's update grows with the learning rate: round 4's is 2.4 x the
+// median of rounds 1-3. The bound compares updates per unit of the round's learning rate, so even
+// a tight factor (1.5) refuses none of them, and still refuses a x1.5 scaling.
+TEST(RobustMerge, AWarmupIsNoDrift) {
+  ScheduleConfig schedule;
+  Cluster c(4, kInsecure, {}, 20, 1, [&](Config& cfg) {
+    cfg.train.steps = 100;
+    cfg.schedule.warmup_steps = 100;
+    cfg.schedule.warmup_start_ratio = 0;
+    cfg.sync.every = 10;
+    cfg.sync.robust.expert_factor = 1.5;
+    schedule = cfg.schedule;
+  });
+  auto round_lr = [&](std::int64_t step) {  // mean over the round's 10 steps, over the peak
+    double sum = 0;
+    for (std::int64_t s = step - 10; s < step; ++s) sum += learning_rate(1.0, schedule, 100, s);
+    return sum / 10;
+  };
+  std::uint64_t r = 1;
+  for (; r <= 8; ++r) {
+    c.perturb(0.01f * static_cast<float>(round_lr(10 * static_cast<std::int64_t>(r))));
+    for (const auto& report : c.round(r, 10 * static_cast<std::int64_t>(r)))
+      EXPECT_TRUE(report.skipped.empty()) << "honest round " << r << " in the warm-up: " << report.skipped[0].reason;
+  }
+  c.perturb(0.01f * static_cast<float>(round_lr(90)));
+  const ParamSet& P = c.models[0]->params;
+  for (std::size_t t = 0; t < P.size(); ++t)
+    if (P[t].expert == 3)
+      for (auto& v : c.models[3]->storage[t]) v *= 1.5f;
+  auto reports = c.round(r, 90);
+  ASSERT_EQ(reports[0].skipped.size(), 1u);
+  EXPECT_EQ(reports[0].skipped[0].peer, 3);
 }
 
 // sync.robust.shared: trimmed — a node that pushes its shared values far off moves nothing: every

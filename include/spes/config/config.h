@@ -107,10 +107,11 @@ struct SparseConfig {
 
 // Robust merging (sync.robust, docs/security.md): bounds on what one peer can do to a merge.
 struct RobustConfig {
-  // An owner's expert update (|new - current| / |current| over all its experts) is refused when it
-  // exceeds expert_factor x the median of its last `window` accepted updates (once it has
-  // min_history of them). 0 = off. Catches scaling drift that stays under max_rel_change.
-  double expert_factor = 4.0;
+  // An owner's expert update (|new - current| / |current| over all its experts, divided by the
+  // round's mean learning rate over the peak's) is refused when it exceeds expert_factor x the
+  // median of its last `window` accepted updates (once it has min_history of them). 0 = off.
+  // Catches scaling drift that stays under max_rel_change.
+  double expert_factor = 2.5;
   int window = 8;
   int min_history = 3;
   // Shared slices: "mean" of every contribution, or "trimmed": per value, the `trim` largest and

@@ -11,7 +11,8 @@
 #             decaying to 0 at 40% of the run (SPES.md's alpha0 0.05, T 20k of 50k steps, scaled)
 #   nowarmup  spes without the warm-up (merge.alpha 0)
 #   int8      spes with int8 deltas (error feedback) for shared parameters and experts
-#   h50       spes syncing every 50 steps instead of 20
+#   h50       spes syncing every 50 steps instead of 20;  h10, h5: every 10 / 5 steps
+#   lrhalf    spes with half the config's optim.lr on every node (the nodes' batches are 4x smaller)
 #   sparse    spes with sparse deltas (sync.sparse: 2% of each chunk of 4096, 2 bits; error feedback)
 #   sparse5   the same at 5%
 #   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has SWEEP_EXPERT_FACTOR)
@@ -79,7 +80,7 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32 density=0.02 factor=$EXPERT_FACTOR shared=mean poison=""
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 factor=$EXPERT_FACTOR shared=mean poison="" lr=""
     case $variant in
       spes) ;;
       norobust) factor=0 ;;
@@ -91,16 +92,20 @@ run_one() {
       nowarmup) alpha=0 ;;
       int8) encoding=int8_delta ;;
       h50) every=50 ;;
+      h10) every=10 ;;
+      h5) every=5 ;;
+      lrhalf) lr=$(python3 -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['optim']['lr'] / 2)") ;;
       sparse) encoding=sparse ;;
       sparse5) encoding=sparse density=0.05 ;;
-      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 sparse sparse5 norobust trimmed poisonx" \
-              "poisonx-r poisons poisons-r)" >&2; exit 2 ;;
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 norobust" \
+              "trimmed poisonx poisonx-r poisons poisons-r)" >&2; exit 2 ;;
     esac
     local lines="" kv
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
               sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density" \
-              sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug; do
+              sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug \
+              ${lr:+optim.lr=$lr}; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'
     done
     SPES_POISON=$poison SPES_POISON_FROM=$POISON_FROM quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"

@@ -257,17 +257,14 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
         spdlog::warn("coordinator: node {} readmitted by an operator: it may join again", id);
       }
     } else if (!removed.count(id)) {
-      if (latest().find(id)) {
-        auto rest = member_ids(id);
-        if (rest.empty())
-          return refuse(context, {grpc::StatusCode::FAILED_PRECONDITION,
-                                  "node " + std::to_string(id) + " is the last member: removing it would end the run"});
-        removed[id] = reason;
-        replan(rest, {}, "node " + std::to_string(id) + " removed by an operator");
-      } else {
-        removed[id] = reason;
-        save_state();
-      }
+      const bool member = latest().find(id) != nullptr;
+      const auto rest = member_ids(id);
+      if (member && rest.empty())
+        return refuse(context, {grpc::StatusCode::FAILED_PRECONDITION,
+                                "node " + std::to_string(id) + " is the last member: removing it would end the run"});
+      removed[id] = reason;
+      if (member) replan(rest, {}, "node " + std::to_string(id) + " removed by an operator");  // saves the state
+      else save_state();
       nodes[id].alive = false;
       spdlog::warn("coordinator: {}; its joins, heartbeats and plan requests are refused from now on", removed_text(id));
     }

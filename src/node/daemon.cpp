@@ -212,8 +212,7 @@ class NodeDaemon {
     std::uint64_t catch_up_round = 0;
     if (!config_.coordinator.address.empty()) {
       coordinator_ = std::make_unique<CoordinatorClient>(config_);
-      const MembershipPlan configured = static_plan(config_);
-      auto [plan, round] = coordinator_->join(me, configured.find(me)->address, config_.coordinator.wait_s);
+      auto [plan, round] = join();
       spdlog::info("coordinator {}: joined run '{}' as node {}{}", config_.coordinator.address,
                    config_.sync.effective_run_id(config_.run), me,
                    round > 0 ? fmt::format(" (run in progress: catching up at round {})", round) : "");
@@ -260,6 +259,13 @@ class NodeDaemon {
   }
 
  private:
+  // Joins the run at this node's configured address: the latest plan and the round to catch up at.
+  std::pair<MembershipPlan, std::uint64_t> join() {
+    const MembershipPlan configured = static_plan(config_);
+    return coordinator_->join(config_.run.node_id, configured.find(config_.run.node_id)->address,
+                              config_.coordinator.wait_s);
+  }
+
   std::optional<MembershipPlan> plan_for(std::uint64_t round) {
     auto plan = coordinator_->plan_for(config_.run.node_id, round, config_.coordinator.wait_s);
     if (!plan)
@@ -332,8 +338,7 @@ class NodeDaemon {
                      attempt, kAttempts, err.what());
       }
       engine_.reset();
-      auto [plan, next_round] = coordinator_->join(config_.run.node_id, static_plan(config_).find(config_.run.node_id)->address,
-                                                   config_.coordinator.wait_s);
+      auto [plan, next_round] = join();
       if (next_round == 0)
         raise(ErrorKind::Peer, "the coordinator says run '{}' has not started, yet node {} was catching up at round {}",
               config_.sync.effective_run_id(config_.run), config_.run.node_id, round);

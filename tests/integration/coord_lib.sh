@@ -36,6 +36,22 @@ nodes:
 YAML
 }
 
+# start_cluster NAME [FAILPOINT0 FAILPOINT1 FAILPOINT2]: plans $TMP/NAME's cluster, serves its
+# coordinator (--exit-when-done; log $TMP/NAME/${COORD_LOG:-coord.log}) and starts its 3 nodes (logs
+# node<i>.log), node i with SPES_FAILPOINT=FAILPOINTi. Sets coord and node_pid[0..2].
+start_cluster() {
+  local name=$1 fps=("${2:-}" "${3:-}" "${4:-}") i
+  "$SPES" coordinator plan --cluster "$TMP/$name/cluster.yaml" --out "$TMP/$name/plan" > "$TMP/$name/plan.log" 2>&1 ||
+    fail "$name: plan"
+  "$SPES" coordinator serve --cluster "$TMP/$name/cluster.yaml" --exit-when-done > "$TMP/$name/${COORD_LOG:-coord.log}" 2>&1 &
+  coord=$!; pids+=($coord)
+  node_pid=()
+  for i in 0 1 2; do
+    SPES_FAILPOINT=${fps[$i]} "$SPES" node -c "$TMP/$name/plan/node$i.yaml" > "$TMP/$name/node$i.log" 2>&1 &
+    node_pid[$i]=$!; pids+=($!)
+  done
+}
+
 wait_for() {  # wait_for FILE PATTERN [tenths]
   for _ in $(seq 1 "${3:-600}"); do
     grep -q "$2" "$1" 2>/dev/null && return 0

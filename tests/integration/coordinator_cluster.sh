@@ -75,14 +75,7 @@ fi
 write_cluster f 600 "  sync.overlap: true
   sync.max_delay: 3"
 head -c 24 /dev/urandom | base64 > "$TMP/f/token"
-"$SPES" coordinator plan --cluster "$TMP/f/cluster.yaml" --out "$TMP/f/plan" > "$TMP/f/plan.log" 2>&1 || fail "F: plan"
-"$SPES" coordinator serve --cluster "$TMP/f/cluster.yaml" --exit-when-done > "$TMP/f/coord1.log" 2>&1 &
-coord=$!; pids+=($coord)
-node_pid=()
-for i in 0 1 2; do
-  "$SPES" node -c "$TMP/f/plan/node$i.yaml" > "$TMP/f/node$i.log" 2>&1 &
-  node_pid[$i]=$!; pids+=($!)
-done
+COORD_LOG=coord1.log start_cluster f
 wait_for "$TMP/f/node2.log" "sync  round   2" 300 || fail "F: node 2 never reached round 2"
 kill -9 "${node_pid[2]}"
 wait "${node_pid[2]}" 2>/dev/null
@@ -194,14 +187,7 @@ echo secret > "$TMP/j/token"
 as_holder() { sed "s#$tls/coordinator\.#$tls/$1.#g" "$TMP/j/cluster.yaml" > "$TMP/j/as-$1.yaml"; }
 as_holder admin
 as_holder node-1
-"$SPES" coordinator plan --cluster "$TMP/j/cluster.yaml" --out "$TMP/j/plan" > /dev/null 2>&1 || fail "J: plan"
-"$SPES" coordinator serve --cluster "$TMP/j/cluster.yaml" --exit-when-done > "$TMP/j/coord.log" 2>&1 &
-coord=$!; pids+=($coord)
-node_pid=()
-for i in 0 1 2; do
-  "$SPES" node -c "$TMP/j/plan/node$i.yaml" > "$TMP/j/node$i.log" 2>&1 &
-  node_pid[$i]=$!; pids+=($!)
-done
+start_cluster j
 wait_for "$TMP/j/node2.log" "sync  round   1" 600 || fail "J: node 2 never reached round 1"
 out=$("$SPES" coordinator remove --cluster "$TMP/j/as-node-1.yaml" --node 2 2>&1); rc=$?
 # (refused before any call: the coordinator itself refuses it too, tests/unit/coord_test.cpp)

@@ -38,15 +38,7 @@ for phase in "${PHASES[@]}"; do
   checkpoint.keep: 5
   sync.min_round_timeout_s: 3"
   echo secret > "$TMP/$name/token"
-  "$SPES" coordinator plan --cluster "$TMP/$name/cluster.yaml" --out "$TMP/$name/plan" > /dev/null 2>&1 || fail "$name: plan"
-  "$SPES" coordinator serve --cluster "$TMP/$name/cluster.yaml" --exit-when-done > "$TMP/$name/coord.log" 2>&1 &
-  coord=$!; pids+=($coord)
-  node_pid=()
-  for i in 0 1 2; do
-    fp=; [[ $i -gt 0 ]] && fp="${POINT[$phase]}:60"
-    SPES_FAILPOINT=$fp "$SPES" node -c "$TMP/$name/plan/node$i.yaml" > "$TMP/$name/node$i.log" 2>&1 &
-    node_pid[$i]=$!; pids+=($!)
-  done
+  start_cluster "$name" "" "${POINT[$phase]}:60" "${POINT[$phase]}:60"
   point=${POINT[$phase]%@*}
   wait_for "$TMP/$name/node2.log" "failpoint $point reached" 1200 || fail "$name: node 2 never reached failpoint $point"
   kill -9 "${node_pid[2]}"; wait "${node_pid[2]}" 2>/dev/null
@@ -99,15 +91,7 @@ if [[ " ${PHASES[*]} " == *" stuck "* ]]; then
   ROUND_TIMEOUT_S=8 write_cluster "$name" 300 "  checkpoint.every: 10
   sync.min_round_timeout_s: 3"
   echo secret > "$TMP/$name/token"
-  "$SPES" coordinator plan --cluster "$TMP/$name/cluster.yaml" --out "$TMP/$name/plan" > /dev/null 2>&1 || fail "$name: plan"
-  "$SPES" coordinator serve --cluster "$TMP/$name/cluster.yaml" --exit-when-done > "$TMP/$name/coord.log" 2>&1 &
-  coord=$!; pids+=($coord)
-  node_pid=()
-  for i in 0 1 2; do
-    fp=; [[ $i -eq 2 ]] && fp="step@35:120"
-    SPES_FAILPOINT=$fp "$SPES" node -c "$TMP/$name/plan/node$i.yaml" > "$TMP/$name/node$i.log" 2>&1 &
-    node_pid[$i]=$!; pids+=($!)
-  done
+  start_cluster "$name" "" "" "step@35:120"
   wait_for "$TMP/$name/node1.log" "sync  round   2" 1200 || fail "$name: node 1 never reached round 2"
   kill -TERM "${node_pid[1]}"
   wait "${node_pid[1]}" || fail "$name: node 1 exited $? after SIGTERM"

@@ -30,8 +30,19 @@ bool is_delta_encoding(WireEncoding encoding) {
   return encoding == WireEncoding::Int8Delta || encoding == WireEncoding::Sparse;
 }
 
-std::int64_t SparseConfig::k() const {
-  return std::clamp<std::int64_t>(std::llround(density * static_cast<double>(chunk)), 1, chunk);
+namespace {
+std::int64_t values_per_chunk(double density, std::int64_t chunk) {
+  return std::clamp<std::int64_t>(std::llround(std::min(density, 1.0) * static_cast<double>(chunk)), 1, chunk);
+}
+}  // namespace
+
+std::int64_t SparseConfig::k() const { return values_per_chunk(density, chunk); }
+double SparseConfig::shared_kept(int nodes) const {
+  if (local_shared == "whole") return 1.0;
+  return local_shared == "mean" ? 1.0 / std::max(nodes, 1) : 0.0;
+}
+std::int64_t SparseConfig::average_k(int nodes) const {
+  return values_per_chunk(average_density > 0 ? average_density : density * std::max(nodes, 1), chunk);
 }
 
 const char* qk_norm_name(QkNorm norm) {
@@ -310,10 +321,20 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   sparse.get("chunk", c.sparse.chunk);
   sparse.get("density", c.sparse.density);
   sparse.get("bits", c.sparse.bits);
+  sparse.get("local_experts", c.sparse.local_experts);
+  sparse.get("local_shared", c.sparse.local_shared);
+  sparse.get("average_density", c.sparse.average_density);
+  sparse.get("decay", c.sparse.decay);
   sparse.finish();
   if (c.sparse.chunk < 64 || c.sparse.chunk > 65536) sparse.fail("chunk", "must be between 64 and 65536 values");
   if (!(c.sparse.density > 0 && c.sparse.density <= 1)) sparse.fail("density", "must be in (0, 1]: the share of each chunk sent");
   if (c.sparse.bits != 2 && c.sparse.bits != 4 && c.sparse.bits != 8) sparse.fail("bits", "must be 2, 4 or 8");
+  if (c.sparse.local_shared != "mean" && c.sparse.local_shared != "whole" && c.sparse.local_shared != "off")
+    sparse.fail("local_shared", fmt::format("must be mean, whole or off, got '{}'", c.sparse.local_shared));
+  if (!(c.sparse.decay > 0 && c.sparse.decay <= 1))
+    sparse.fail("decay", "must be in (0, 1]: the share of each error-feedback buffer a round keeps (1 = all)");
+  if (!(c.sparse.average_density >= 0 && c.sparse.average_density <= 1))
+    sparse.fail("average_density", "must be in [0, 1]: the share of each averaged chunk sent (0 = density x nodes)");
   r.get("chunk_bytes", c.chunk_bytes);
   r.get("round_timeout_s", c.round_timeout_s);
   r.get("deadline_factor", c.deadline_factor);

@@ -208,6 +208,13 @@ struct SyncEngine::Impl {
     return gather(params, ranges, [this](std::size_t i) -> const float* { return synced[i].data(); });
   }
 
+  // Averaged slices carry up to every position their contributors sent (sync.sparse.average_density).
+  SparseFormat sparse_format(spes::v1::Part part) const {
+    SparseFormat f = SparseFormat::of(config.sync.sparse);
+    if (part == spes::v1::SHARED_AVERAGED) f.k = config.sync.sparse.average_k(n);
+    return f;
+  }
+
   StreamHeader header(std::uint64_t round, spes::v1::Part part, std::uint32_t slice, int sender) const {
     StreamHeader h;
     h.run_id = transport.run_id;
@@ -243,7 +250,7 @@ struct SyncEngine::Impl {
     decoded.assign(values.size(), 0.0f);
     auto stream = build_stream(h, params, ranges, e, sent->data(), baseline.empty() ? nullptr : baseline.data(),
                                residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
-                               decoded.data(), SparseFormat::of(config.sync.sparse));
+                               decoded.data(), sparse_format(h.part));
     if (is_delta_encoding(e)) {
       stream->base_round = base_round;
       stream->make_full = [this, h, ranges, values = decoded]() -> StreamPtr {
@@ -286,7 +293,7 @@ struct SyncEngine::Impl {
     double backoff = config.sync.retry_backoff_s;
     // One receiver across retries: a stream that broke off resumes at the chunk it reached.
     StreamReceiver receiver(header(round, part, slice, peer), params, ranges, e, baseline_values(ranges, e),
-                            model_values(ranges), max_rel_change, SparseFormat::of(config.sync.sparse));
+                            model_values(ranges), max_rel_change, sparse_format(part));
     while (true) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
@@ -471,6 +478,48 @@ struct SyncEngine::Impl {
     return report;
   }
 
+  // sync.sparse.local_*: the share of this node's unsent remainder (its error-feedback buffer)
+  // that its weights already hold — for the experts it owns, and for the shared parameters. The
+  // buffer keeps the whole remainder for later rounds either way; what a node publishes is its
+  // weights less that share.
+  double kept_experts() const {
+    return config.sync.expert_encoding == WireEncoding::Sparse && config.sync.sparse.local_experts ? 1.0 : 0.0;
+  }
+  double kept_shared() const {
+    return config.sync.shared_encoding == WireEncoding::Sparse ? config.sync.sparse.shared_kept(n) : 0.0;
+  }
+
+  // The weights over `ranges` plus `share` x residual (share < 0 takes it out again).
+  std::vector<float> with_kept(const std::vector<ParamRange>& ranges, const std::vector<float>& residual,
+                               double share) const {
+    auto weights = model_values(ranges);
+    if (share == 0 || residual.empty()) return weights;
+    const auto s = static_cast<float>(share);
+    for (std::size_t i = 0; i < weights.size(); ++i) weights[i] += s * residual[i];
+    return weights;
+  }
+  // sync.sparse.decay on a sparse part's buffer.
+  void decay(WireEncoding e, std::vector<float>& residual) const {
+    const auto beta = static_cast<float>(config.sync.sparse.decay);
+    if (e != WireEncoding::Sparse || beta == 1.0f) return;
+    for (auto& r : residual) r *= beta;
+  }
+  // After a round, once the synced copy is the baseline: the weights get their share again.
+  void keep_in_weights(const std::vector<ParamRange>& ranges, const std::vector<float>& residual, double share) {
+    if (share == 0 || residual.empty()) return;
+    const auto weights = with_kept(ranges, residual, share);
+    scatter(params, ranges, weights.data());
+  }
+
+  // Writes flat values into the baseline over `ranges` (a resumed node's synced copy).
+  void set_baseline(const std::vector<ParamRange>& ranges, const std::vector<float>& flat) {
+    std::size_t at = 0;
+    for (const auto& r : ranges) {
+      std::memcpy(synced[r.param].data() + r.offset, flat.data() + at, static_cast<std::size_t>(r.count) * 4);
+      at += static_cast<std::size_t>(r.count);
+    }
+  }
+
   void keep_as_baseline(const std::vector<ParamRange>& ranges) {
     for (const auto& r : ranges)
       std::memcpy(synced[r.param].data() + r.offset, params[r.param].data + r.offset, static_cast<std::size_t>(r.count) * 4);
@@ -545,17 +594,24 @@ struct SyncEngine::Impl {
     report.deadline_s = timeout_s;
     std::vector<std::string> failure(static_cast<std::size_t>(n));  // first reason per peer
 
-    // 1. Publish snapshot r.
+    // 1. Publish snapshot r: the weights less the share of the remainders they hold (which
+    // the buffers add back whole, decayed).
     std::vector<float> own_experts;
-    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), P.peer_experts[self], ee,
-                                 poisoned(model_values(P.peer_experts[self]), "experts", round), &fb.residual_experts,
-                                 own_experts, fb.base_experts[self]);
+    const auto expert_values =
+        poisoned(with_kept(P.peer_experts[self], fb.residual_experts, -kept_experts()), "experts", round);
+    decay(ee, fb.residual_experts);
+    auto experts_stream = encode(header(round, spes::v1::EXPERTS, 0, self), P.peer_experts[self], ee, expert_values,
+                                 &fb.residual_experts, own_experts, fb.base_experts[self]);
     std::vector<std::vector<float>> own_raw(static_cast<std::size_t>(n));
     std::vector<StreamPtr> raw_streams;
-    for (int k = 0; k < n; ++k)
+    for (int k = 0; k < n; ++k) {
+      std::vector<float>* residual = fb.residual_raw.empty() ? nullptr : &fb.residual_raw[k];
+      const auto values =
+          poisoned(residual ? with_kept(P.slices[k], *residual, -kept_shared()) : model_values(P.slices[k]), "shared", round);
+      if (residual) decay(se, *residual);
       raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self),
-                                   P.slices[k], se, poisoned(model_values(P.slices[k]), "shared", round),
-                                   fb.residual_raw.empty() ? nullptr : &fb.residual_raw[k], own_raw[k], fb.base_slice[k]));
+                                   P.slices[k], se, values, residual, own_raw[k], fb.base_slice[k]));
+    }
     store.publish(round, experts_stream, std::move(raw_streams));
 
     // 2. Reduce this node's slice.
@@ -584,6 +640,7 @@ struct SyncEngine::Impl {
       }
     }
     std::vector<float> own_average;
+    decay(se, fb.residual_average);
     store.publish_average(round, encode(avg_header, P.slices[self], se, shared_average(contributions, config.sync.robust),
                                         fb.residual_average.empty() ? nullptr : &fb.residual_average, own_average,
                                         fb.base_slice[self]));
@@ -643,6 +700,8 @@ struct SyncEngine::Impl {
       if (which == 0 && fragments > 1) whole_round_baselines(round, from_aggregator, experts_ok, report.merged);
       else update_baseline(P, fb, round, from_aggregator, experts_ok, report.merged);
     }
+    keep_in_weights(P.peer_experts[self], fb.residual_experts, kept_experts());
+    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k) keep_in_weights(P.slices[k], fb.residual_raw[k], kept_shared());
 
     for (int j = 0; j < n; ++j) {
       suspect[j] = !failure[j].empty();
@@ -744,10 +803,19 @@ std::optional<SyncCarry> SyncEngine::carry() const {
     const auto& expert_base = current ? fb.base_experts : none;
     c.base_slice.insert(c.base_slice.end(), slice_base.begin(), slice_base.end());
     c.base_experts.insert(c.base_experts.end(), expert_base.begin(), expert_base.end());
-    if (!fb.residual_experts.empty()) c.residuals[prefix + "experts"] = fb.residual_experts;
+    // Where the weights hold part of a residual, they are not the baseline: the shard then holds
+    // the synced copy too (bit for bit what the others hold).
+    const RoundParts& P = m.parts[p];
+    if (!fb.residual_experts.empty()) {
+      c.residuals[prefix + "experts"] = fb.residual_experts;
+      if (m.kept_experts() > 0) c.residuals[prefix + "base.experts"] = m.baseline_values(P.peer_experts[m.self], WireEncoding::Sparse);
+    }
     if (!fb.residual_average.empty()) c.residuals[prefix + "average"] = fb.residual_average;
-    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k)
+    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k) {
       c.residuals[prefix + "raw." + std::to_string(k)] = fb.residual_raw[k];
+      if (m.kept_shared() > 0)
+        c.residuals[prefix + "base.raw." + std::to_string(k)] = m.baseline_values(P.slices[k], WireEncoding::Sparse);
+    }
   }
   return c;
 }
@@ -769,10 +837,16 @@ bool SyncEngine::restore(const SyncCarry& c) {
     const auto at = static_cast<std::ptrdiff_t>(p) * n;
     fb.base_slice.assign(c.base_slice.begin() + at, c.base_slice.begin() + at + n);
     fb.base_experts.assign(c.base_experts.begin() + at, c.base_experts.begin() + at + n);
-    if (!fb.residual_experts.empty()) fb.residual_experts = c.residuals.at(prefix + "experts");
+    const RoundParts& P = m.parts[p];
+    if (!fb.residual_experts.empty()) {
+      fb.residual_experts = c.residuals.at(prefix + "experts");
+      if (m.kept_experts() > 0) m.set_baseline(P.peer_experts[m.self], c.residuals.at(prefix + "base.experts"));
+    }
     if (!fb.residual_average.empty()) fb.residual_average = c.residuals.at(prefix + "average");
-    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k)
+    for (std::size_t k = 0; k < fb.residual_raw.size(); ++k) {
       fb.residual_raw[k] = c.residuals.at(prefix + "raw." + std::to_string(k));
+      if (m.kept_shared() > 0) m.set_baseline(P.slices[k], c.residuals.at(prefix + "base.raw." + std::to_string(k)));
+    }
   }
   return true;
 }

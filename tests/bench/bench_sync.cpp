@@ -43,10 +43,13 @@ int free_loopback_port() {
 
 // Bytes per value of an encoding, int8 scales (one per row of d values) and sparse positions and
 // scales included.
-double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse) {
+// `averaged_among` > 0: a sparse averaged slice among that many nodes (sync.sparse.average_density).
+double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse, int averaged_among = 0) {
   if (e == WireEncoding::Sparse) {
+    SparseFormat f = SparseFormat::of(sparse);
+    if (averaged_among > 0) f.k = sparse.average_k(averaged_among);
     const std::int64_t n = sparse.chunk * 1000;
-    return static_cast<double>(SparseFormat::of(sparse).size(n)) / static_cast<double>(n);
+    return static_cast<double>(f.size(n)) / static_cast<double>(n);
   }
   return static_cast<double>(encoded_size(e, d * 1000, d)) / static_cast<double>(d * 1000);
 }
@@ -219,7 +222,7 @@ void run_sync_bench(const SyncBenchOptions& o) {
                         Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12, {}}, sparse(0.01, 2), sparse(0.02, 2),
                         sparse(0.05, 2), sparse(0.01, 4), sparse(0.02, 4), sparse(0.05, 4)}) {
     const double bytes_per_value = value_bytes(k.e, d, k.sparse);
-    const Traffic counted = spes_traffic(S, X, N, E, bytes_per_value, bytes_per_value);
+    const Traffic counted = spes_traffic(S, X, N, E, bytes_per_value, bytes_per_value, value_bytes(k.e, d, k.sparse, N));
     const std::string name = k.e == WireEncoding::Sparse
                                  ? fmt::format("sparse {:g}% {}b", 100 * k.sparse.density, k.sparse.bits)
                                  : wire_encoding_name(k.e);
@@ -237,8 +240,11 @@ void run_sync_bench(const SyncBenchOptions& o) {
   if (o.measure)
     std::printf("\nmeasured = gRPC payload bytes sent by the nodes' services in round 2 (round 1 of int8_delta and\n"
                 "sparse is fp32: it sets the shared baseline), %d in-process nodes on 127.0.0.1\n", N);
-  std::printf("sparse: chunks of %lld values (sync.sparse.chunk); positions %d bits each, one fp32 scale per chunk\n",
-              static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits());
+  std::printf("sparse: chunks of %lld values (sync.sparse.chunk); positions %d bits each, one fp32 scale per chunk;\n"
+              "averaged slices at %s\n",
+              static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits(),
+              c.sync.sparse.average_density > 0 ? fmt::format("{:g}% of each chunk", 100 * c.sync.sparse.average_density).c_str()
+                                                : fmt::format("{} x the density (sync.sparse.average_density 0)", N).c_str());
   if (o.measure) codec_speed(c.sync.sparse, d);
 }
 

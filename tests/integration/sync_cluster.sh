@@ -8,7 +8,9 @@
 #   E. 2 nodes killed (SIGKILL) after their step-20 shards, resumed from them: the weights after
 #      the last round are bit-identical to an uninterrupted run's;
 #   E2. the same with int8 deltas and bf16 on the wire: bit-identical too (residuals in the shard);
-#   E3. the same with sparse deltas (top 5% per chunk, 2 bits): bit-identical too;
+#   E3. the same with sparse deltas (top 5% per chunk, 2 bits), the weights holding part of the
+#       unsent remainders (the default; the shard holds the synced copy too): bit-identical after
+#       rounds 3 and 4;  E4. the same with the remainders only in their buffers (local_* off);
 #   F. `spes ckpt merge` of E's two step-20 shards: the whole model (equal to what each node held
 #      after the round), exported, then resumed by one node owning all experts (a new node count).
 # usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
@@ -94,22 +96,27 @@ resume_lossy() {
   wait_cluster "${name}_full"
   start_cluster "$name" 2 40 10 "$@" --set checkpoint.every=20
   kill_after_step20_shards "$name"
-  rm -f "$TMP/$name"/dump/node*/round4_post.safetensors
+  rm -f "$TMP/$name"/dump/node*/round{3,4}_post.safetensors
   [[ -f $TMP/$name/node0/checkpoints/step-00000020/sync.safetensors ]] || fail "$name: the shard holds no residuals"
   start_cluster "$name" 2 40 10 "$@" --set checkpoint.every=20 --set checkpoint.resume=step-00000020
   wait_cluster "$name"
   grep -q "restored the error-feedback residuals and baselines of round 2" "$TMP/$name/node1.log" ||
     fail "$name: node 1 did not restore its residuals"
-  local same=1 i
+  local same=1 i r
   for i in 0 1; do
-    cmp -s "$TMP/${name}_full/dump/node$i/round4_post.safetensors" "$TMP/$name/dump/node$i/round4_post.safetensors" || same=0
+    for r in 3 4; do
+      cmp -s "$TMP/${name}_full/dump/node$i/round${r}_post.safetensors" "$TMP/$name/dump/node$i/round${r}_post.safetensors" || same=0
+    done
   done
-  [[ $same -eq 1 ]] && echo "ok   $name: $label run killed and resumed from step 20: bit-identical after round 4" ||
+  [[ $same -eq 1 ]] && echo "ok   $name: $label run killed and resumed from step 20: bit-identical after rounds 3 and 4" ||
     fail "$name: resumed $label run differs from the uninterrupted one"
 }
 resume_lossy e2 int8/bf16 --set merge.alpha=0 --set sync.encoding.shared=int8_delta --set sync.encoding.experts=bf16
-resume_lossy e3 sparse --set merge.alpha=0 --set sync.encoding.shared=sparse --set sync.encoding.experts=sparse \
-  --set sync.sparse.chunk=256 --set sync.sparse.density=0.05
+resume_lossy e3 "sparse (remainders in the weights)" --set merge.alpha=0 --set sync.encoding.shared=sparse \
+  --set sync.encoding.experts=sparse --set sync.sparse.chunk=256 --set sync.sparse.density=0.05
+resume_lossy e4 "sparse (remainders in buffers)" --set merge.alpha=0 --set sync.encoding.shared=sparse \
+  --set sync.encoding.experts=sparse --set sync.sparse.chunk=256 --set sync.sparse.density=0.05 \
+  --set sync.sparse.local_experts=false --set sync.sparse.local_shared=off
 
 # ---- F: merge the step-20 shards, export, reshard to one node ----
 E0=$TMP/e/node0/checkpoints/step-00000020

@@ -124,6 +124,22 @@ TEST(Config, SparseSettingsAreChecked) {
   EXPECT_EQ(c.sync.sparse.chunk, 4096);
   EXPECT_EQ(c.sync.sparse.k(), 82);  // round(0.02 x 4096)
   EXPECT_EQ(c.sync.sparse.bits, 2);
+  EXPECT_TRUE(c.sync.sparse.local_experts);
+  EXPECT_DOUBLE_EQ(c.sync.sparse.shared_kept(4), 1.0);  // "whole"
+  EXPECT_DOUBLE_EQ(parse_config(kMinimal, "m.yaml", [&] {
+                     auto v = sync;
+                     v.push_back("sync.sparse.local_shared=mean");
+                     return v;
+                   }()).sync.sparse.shared_kept(4),
+                   0.25);  // as the average weighs it
+  EXPECT_EQ(c.sync.sparse.average_k(4), 328);   // round(4 x 0.02 x 4096)
+  EXPECT_EQ(c.sync.sparse.average_k(64), 4096);  // at most the whole chunk
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", [&] {
+              auto v = sync;
+              v.push_back("sync.sparse.average_density=0.01");
+              return v;
+            }()).sync.sparse.average_k(4),
+            41);
   auto with = [&](const std::string& kv) {
     auto v = sync;
     v.push_back(kv);
@@ -133,6 +149,9 @@ TEST(Config, SparseSettingsAreChecked) {
            {"sync.sparse.bits=3", "sync.sparse.bits", "2, 4 or 8"},
            {"sync.sparse.density=0", "sync.sparse.density", "(0, 1]"},
            {"sync.sparse.density=1.5", "sync.sparse.density", "(0, 1]"},
+           {"sync.sparse.decay=0", "sync.sparse.decay", "(0, 1]"},
+           {"sync.sparse.average_density=-0.1", "sync.sparse.average_density", "[0, 1]"},
+           {"sync.sparse.local_shared=half", "sync.sparse.local_shared", "mean, whole or off, got 'half'"},
            {"sync.sparse.chunk=32", "sync.sparse.chunk", "between 64 and 65536"},
            {"sync.sparse.chunk=100000", "sync.sparse.chunk", "between 64 and 65536"},
            {"sync.fragments=2", "sync.fragments", "sparse"},

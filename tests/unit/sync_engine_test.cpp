@@ -132,7 +132,10 @@ TEST(SyncEngine, FourNodesHoldTheSpesResultBitForBit) {
 TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
   for (const char* enc : {"bf16", "int8_delta", "sparse"}) {
     const bool sparse = std::string(enc) == "sparse";
-    Cluster c(4, fmt::format("{}  encoding: {{shared: {}, experts: {}}}\n  sparse: {{chunk: 256, density: 0.05, bits: 2}}\n",
+    // Sparse remainders in buffers: every node holds the synced weights (in the weights, the
+    // default, each node keeps its own: SparseRemaindersReachTheLastRound… below).
+    Cluster c(4, fmt::format("{}  encoding: {{shared: {}, experts: {}}}\n"
+                             "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: false, local_shared: off}}\n",
                              kInsecure, enc, enc));
     for (std::uint64_t r = 1; r <= 3; ++r) {
       c.perturb(0.01f);
@@ -159,6 +162,73 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
     EXPECT_EQ(sent, received) << enc;
     EXPECT_GT(sent[enc], 0u) << enc;
     EXPECT_EQ(sent.count("fp32"), std::string(enc) == "bf16" ? 0u : 1u) << enc;
+  }
+}
+
+// Sparse rounds lose no update, whatever share of the unsent remainder the weights hold: after
+// the run's last round (dense) every node holds the sum of all updates — the first round's mean
+// plus, per round, the mean of the nodes' shared updates and each owner's expert updates. With
+// sync.sparse.local_experts each owner keeps its experts' whole update between rounds (a round
+// leaves them as they were) while every other node holds one identical copy.
+TEST(SyncEngine, SparseRemaindersReachTheLastRoundInBuffersOrInTheWeights) {
+  for (const std::string shared : {"off", "mean", "whole"}) {
+    const bool local = shared != "off";
+    const std::string yaml = fmt::format(
+        "{}  encoding: {{shared: sparse, experts: sparse}}\n"
+        "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: {}, local_shared: {}}}\n",
+        kInsecure, local, shared);
+    constexpr std::uint64_t kRounds = 4;
+    Cluster c(4, yaml, {}, 20, 1, [](Config& cfg) { cfg.train.steps = kRounds; });
+    const ParamSet& P = c.models[0]->params;
+    const int per_node = test::kExperts / 4;
+    std::vector<std::vector<float>> ideal;
+    for (std::uint64_t r = 1; r <= kRounds; ++r) {
+      std::vector<std::vector<std::vector<float>>> pre;
+      for (auto& m : c.models) pre.push_back(m->values());
+      c.perturb(0.01f);
+      if (r > 1) {  // this round's updates: the shared mean and each owner's
+        for (std::size_t t = 0; t < P.size(); ++t)
+          for (std::size_t x = 0; x < ideal[t].size(); ++x) {
+            double u = 0;
+            if (P[t].is_expert()) {
+              const auto o = static_cast<std::size_t>(P[t].expert / per_node);
+              u = c.models[o]->storage[t][x] - pre[o][t][x];
+            } else {
+              for (std::size_t i = 0; i < 4; ++i) u += (c.models[i]->storage[t][x] - pre[i][t][x]) / 4.0;
+            }
+            ideal[t][x] += static_cast<float>(u);
+          }
+      }
+      c.round(r);
+      if (r == 1) ideal = c.models[0]->values();  // fp32 (no baseline yet): the SPES result everywhere
+      if (r == 1 || r == kRounds) {
+        for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << "round " << r << " node " << i;
+        continue;
+      }
+      double kept = 0, unsent = 0;  // owner: |after - before|; owner vs the others' copy: largest difference
+      for (std::size_t t = 0; t < P.size(); ++t) {
+        if (!P[t].is_expert()) continue;
+        const auto o = static_cast<std::size_t>(P[t].expert / per_node);
+        const std::size_t other = (o + 1) % 4;
+        for (std::size_t i = 0; i < 4; ++i)
+          if (i != o && i != other) EXPECT_EQ(c.models[i]->storage[t], c.models[other]->storage[t]) << "tensor " << t;
+        for (std::size_t x = 0; x < c.before[o][t].size(); ++x) {
+          kept = std::max(kept, std::fabs(double(c.models[o]->storage[t][x]) - c.before[o][t][x]));
+          unsent = std::max(unsent, std::fabs(double(c.models[o]->storage[t][x]) - c.models[other]->storage[t][x]));
+        }
+      }
+      if (local) {
+        EXPECT_LT(kept, 1e-6) << "round " << r;  // the owner's weights are its own
+        EXPECT_GT(unsent, 1e-3) << "round " << r;  // and the others have only part of the update
+      } else {
+        for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << "round " << r << " node " << i;
+      }
+    }
+    double worst = 0;
+    for (std::size_t t = 0; t < P.size(); ++t)
+      for (std::size_t x = 0; x < ideal[t].size(); ++x)
+        worst = std::max(worst, std::fabs(double(ideal[t][x]) - c.models[0]->storage[t][x]));
+    EXPECT_LT(worst, 1e-5) << "local_shared " << shared;
   }
 }
 

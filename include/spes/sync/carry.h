@@ -2,7 +2,8 @@
 // encodings (bf16, int8 deltas) bit-exactly: the senders' error-feedback residuals and the rounds
 // the int8 baselines come from. The baselines themselves are the weights right after `round`, so
 // a carry is only valid together with weights saved at that moment (a shard written right after
-// the round). A plain struct, so that checkpoint code can store it without the sync engine.
+// the round) — except where sparse residuals stay in the weights (sync.sparse.local_*): there the
+// carry holds the baseline values themselves ("base.experts", "base.raw.K"). A plain struct, so that checkpoint code can store it without the sync engine.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@ namespace spes {
 struct SyncCarry {
   std::uint64_t round = 0;                               // the round whose result the weights hold
   std::vector<std::uint64_t> base_slice, base_experts;   // per peer (position in sync.peers)
-  std::map<std::string, std::vector<float>> residuals;   // "experts", "average", "raw.K"
+  std::map<std::string, std::vector<float>> residuals;   // "experts", "average", "raw.K"; "base.…" (see above)
 };
 
 }  // namespace spes

@@ -12,7 +12,9 @@ struct Traffic {
 
 Traffic reference_star_traffic(double S, double X, int N, int E);
 // SPES: per node in = out = 2·S·(N−1)/N (slice reduce + fetch) + (E − E/N) experts, at the
-// given bytes per value of the shared and expert encodings.
-Traffic spes_traffic(double S, double X, int N, int E, double shared_bytes_per_value, double expert_bytes_per_value);
+// given bytes per value of the shared and expert encodings; the averaged slices (the fetch) at
+// `averaged_bytes_per_value` where given (>= 0: sparse averages have their own density).
+Traffic spes_traffic(double S, double X, int N, int E, double shared_bytes_per_value, double expert_bytes_per_value,
+                     double averaged_bytes_per_value = -1);
 
 }  // namespace spes

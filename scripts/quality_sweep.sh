@@ -13,8 +13,19 @@
 #   int8      spes with int8 deltas (error feedback) for shared parameters and experts
 #   h50       spes syncing every 50 steps instead of 20;  h10, h5: every 10 / 5 steps
 #   lrhalf    spes with half the config's optim.lr on every node (the nodes' batches are 4x smaller)
-#   sparse    spes with sparse deltas (sync.sparse: 2% of each chunk of 4096, 2 bits; error feedback)
-#   sparse5   the same at 5%
+#   sparse    spes with sparse deltas, sync.sparse's defaults: 2% of each chunk of 4096, 2 bits, each
+#             node's weights holding its whole unsent remainder (its experts' and its shared one:
+#             local_experts, local_shared whole), no decay, averages at 4 x 2% (average_density 0)
+#   sparse5   the same at 5% (averages 20%);  sparse-4b: at 4 bits;  sparse-d9: decay 0.9 a round
+#   sparse-a1 averages published at the contributions' 2%;  sparse-a2: at 2 x 2%;  sparse5-a1,
+#             sparse-4b-a1, sparse-d9-a1: sparse5, sparse-4b, sparse-d9 with averages as the contributions
+#   sparse-m  1/4 of the shared remainder in the weights (local_shared mean), averages at 8%;
+#             sparse-md9, sparse-md95: with decay 0.9, 0.95
+#   sparse-ls the shared remainder in the weights, each owner's expert remainder only in its
+#             buffer (local_experts off), averages at 8%
+#   sparse-le only the experts' remainder in the weights (local_shared off), averages at 2%
+#   sparse-b  the remainders only in the buffers (local_* off), averages at 2%;  sparse-bd9: the
+#             same with decay 0.9 (SparseLoCo's scheme)
 #   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has SWEEP_EXPERT_FACTOR)
 #   trimmed   spes with the trimmed shared mean (sync.robust.shared trimmed)
 #   poisonx   node 3 publishes its experts x1.5 more every round from round 4 (SPES_POISON; a drift),
@@ -80,7 +91,7 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32 density=0.02 factor=$EXPERT_FACTOR shared=mean poison="" lr=""
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 local_e=true local_s=whole avg=nodes bits=2 decay=1 factor=$EXPERT_FACTOR shared=mean poison="" lr=""
     case $variant in
       spes) ;;
       norobust) factor=0 ;;
@@ -97,13 +108,29 @@ run_one() {
       lrhalf) lr=$(python3 -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['optim']['lr'] / 2)") ;;
       sparse) encoding=sparse ;;
       sparse5) encoding=sparse density=0.05 ;;
-      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 norobust" \
+      sparse-4b) encoding=sparse bits=4 ;;
+      sparse-d9) encoding=sparse decay=0.9 ;;
+      sparse-a1) encoding=sparse avg=0.02 ;;
+      sparse5-a1) encoding=sparse density=0.05 avg=0.05 ;;
+      sparse-4b-a1) encoding=sparse bits=4 avg=0.02 ;;
+      sparse-d9-a1) encoding=sparse decay=0.9 avg=0.02 ;;
+      sparse-a2) encoding=sparse avg=0.04 ;;
+      sparse-m) encoding=sparse local_s=mean avg=0.08 ;;
+      sparse-md9) encoding=sparse local_s=mean avg=0.08 decay=0.9 ;;
+      sparse-md95) encoding=sparse local_s=mean avg=0.08 decay=0.95 ;;
+      sparse-ls) encoding=sparse local_e=false avg=0.08 ;;
+      sparse-le) encoding=sparse local_s=off avg=0.02 ;;
+      sparse-b) encoding=sparse local_e=false local_s=off avg=0.02 ;;
+      sparse-bd9) encoding=sparse local_e=false local_s=off avg=0.02 decay=0.9 ;;
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 sparse-4b sparse-d9 sparse-a1 sparse-a2 sparse5-a1 sparse-4b-a1 sparse-d9-a1 sparse-m sparse-md9 sparse-md95 sparse-ls sparse-le sparse-b sparse-bd9 norobust" \
               "trimmed poisonx poisonx-r poisons poisons-r)" >&2; exit 2 ;;
     esac
+    [[ $avg == nodes ]] && avg=$(python3 -c "print(min(1.0, 4 * $density))")
     local lines="" kv
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
               sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density" \
+              sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" \
               sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug \
               ${lr:+optim.lr=$lr}; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'

@@ -513,11 +513,7 @@ struct SyncEngine::Impl {
 
   // Writes flat values into the baseline over `ranges` (a resumed node's synced copy).
   void set_baseline(const std::vector<ParamRange>& ranges, const std::vector<float>& flat) {
-    std::size_t at = 0;
-    for (const auto& r : ranges) {
-      std::memcpy(synced[r.param].data() + r.offset, flat.data() + at, static_cast<std::size_t>(r.count) * 4);
-      at += static_cast<std::size_t>(r.count);
-    }
+    scatter(ranges, flat.data(), [this](std::size_t i) { return synced[i].data(); });
   }
 
   void keep_as_baseline(const std::vector<ParamRange>& ranges) {

@@ -68,12 +68,16 @@ std::vector<float> gather(const ParamSet& params, const std::vector<ParamRange>&
   return flat;
 }
 
-void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, const float* flat) {
+void scatter(const std::vector<ParamRange>& ranges, const float* flat, const std::function<float*(std::size_t)>& target) {
   std::int64_t pos = 0;
   for (const auto& r : ranges) {
-    std::memcpy(params[r.param].data + r.offset, flat + pos, static_cast<std::size_t>(r.count) * 4);
+    std::memcpy(target(r.param) + r.offset, flat + pos, static_cast<std::size_t>(r.count) * 4);
     pos += r.count;
   }
+}
+
+void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, const float* flat) {
+  scatter(ranges, flat, [&params](std::size_t i) { return params[i].data; });
 }
 
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,

@@ -19,7 +19,9 @@ std::int64_t range_numel(const std::vector<ParamRange>& ranges);
 // Copies the ranges' values, in order, into one flat buffer; `source(p)` gives parameter p's data.
 std::vector<float> gather(const ParamSet& params, const std::vector<ParamRange>& ranges,
                           const std::function<const float*(std::size_t)>& source);
-// Writes a flat buffer back into the parameters (the model).
+// Writes a flat buffer back over the ranges; `target(p)` gives where parameter p's values go.
+void scatter(const std::vector<ParamRange>& ranges, const float* flat, const std::function<float*(std::size_t)>& target);
+// The same into the parameters themselves (the model).
 void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, const float* flat);
 
 struct StreamHeader {

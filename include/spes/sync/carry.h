@@ -2,8 +2,9 @@
 // encodings (bf16, int8 deltas) bit-exactly: the senders' error-feedback residuals and the rounds
 // the int8 baselines come from. The baselines themselves are the weights right after `round`, so
 // a carry is only valid together with weights saved at that moment (a shard written right after
-// the round) — except where sparse residuals stay in the weights (sync.sparse.local_*): there the
-// carry holds the baseline values themselves ("base.experts", "base.raw.K"). A plain struct, so that checkpoint code can store it without the sync engine.
+// the round) — except where the weights also hold sparse residuals (sync.sparse.local_*): there
+// the carry holds the baseline values themselves ("base.experts", "base.raw.K"). A plain struct,
+// so that checkpoint code can store it without the sync engine.
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,8 @@
 #include <memory>
 #include <thread>
 
+#include <unistd.h>
+
 #include "../../src/sync/robust.h"
 #include "../../src/sync/round_deadline.h"
 #include "../../src/sync/transport.h"
@@ -696,17 +698,19 @@ TEST(RobustMerge, TrimmedSharedMeanIgnoresAnOutlier) {
   }
 }
 
-// Per-node certificates from one run CA (`spes ca`): written once per test binary run.
+// Per-node certificates from one run CA (`spes ca`): written once per test process, into a
+// folder of its own (ctest runs each test of this suite as its own process, in parallel).
 class SyncIdentity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = std::string(SPES_TEST_DATA_DIR) + "/identity";
+    dir_ = std::string(SPES_TEST_DATA_DIR) + "/identity-" + std::to_string(::getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     ca_ = make_run_ca("synctest", 1);
     write("ca", ca_);
     for (const std::string h : {"node-0", "node-1", "node-5"}) write(h, issue_certificate(ca_, h, {"127.0.0.1"}, 1));
   }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
   static void write(const std::string& holder, const PemPair& pair) {
     write_file_atomic(dir_ + "/" + holder + ".pem", pair.cert_pem);
     write_file_atomic(dir_ + "/" + holder + ".key", pair.key_pem);

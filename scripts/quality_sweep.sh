@@ -26,6 +26,10 @@
 #   sparse-le only the experts' remainder in the weights (local_shared off), averages at 2%
 #   sparse-b  the remainders only in the buffers (local_* off), averages at 2%;  sparse-bd9: the
 #             same with decay 0.9 (SparseLoCo's scheme)
+#   sparse-d0 every tensor sparse, however small (sync.sparse.dense_below 0; the default sends
+#             tensors under 4096 values, router and norms here, as int8 deltas)
+#   sparse-xe sparse for the experts only (shared parameters int8);  sparse-xs: for the shared only;
+#             sparse-xs-d1, sparse-xs-d1-4b: shared at density 1 (every value, 2 or 4 bits), experts int8
 #   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has SWEEP_EXPERT_FACTOR)
 #   trimmed   spes with the trimmed shared mean (sync.robust.shared trimmed)
 #   poisonx   node 3 publishes its experts x1.5 more every round from round 4 (SPES_POISON; a drift),
@@ -91,7 +95,7 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32 density=0.02 local_e=true local_s=whole avg=nodes bits=2 decay=1 factor=$EXPERT_FACTOR shared=mean poison="" lr=""
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 local_e=true local_s=whole avg=nodes bits=2 decay=1 factor=$EXPERT_FACTOR shared=mean poison="" lr="" enc_e="" enc_s="" dense=4096
     case $variant in
       spes) ;;
       norobust) factor=0 ;;
@@ -122,15 +126,20 @@ run_one() {
       sparse-le) encoding=sparse local_s=off avg=0.02 ;;
       sparse-b) encoding=sparse local_e=false local_s=off avg=0.02 ;;
       sparse-bd9) encoding=sparse local_e=false local_s=off avg=0.02 decay=0.9 ;;
-      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 sparse-4b sparse-d9 sparse-a1 sparse-a2 sparse5-a1 sparse-4b-a1 sparse-d9-a1 sparse-m sparse-md9 sparse-md95 sparse-ls sparse-le sparse-b sparse-bd9 norobust" \
+      sparse-d0) encoding=sparse dense=0 ;;
+      sparse-xe) encoding=sparse enc_s=int8_delta ;;
+      sparse-xs) encoding=sparse enc_e=int8_delta ;;
+      sparse-xs-d1) encoding=sparse enc_e=int8_delta density=1 avg=1 ;;
+      sparse-xs-d1-4b) encoding=sparse enc_e=int8_delta density=1 avg=1 bits=4 ;;
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 sparse-4b sparse-d9 sparse-a1 sparse-a2 sparse5-a1 sparse-4b-a1 sparse-d9-a1 sparse-m sparse-md9 sparse-md95 sparse-ls sparse-le sparse-b sparse-bd9 sparse-d0 sparse-xe sparse-xs sparse-xs-d1 sparse-xs-d1-4b norobust" \
               "trimmed poisonx poisonx-r poisons poisons-r)" >&2; exit 2 ;;
     esac
     [[ $avg == nodes ]] && avg=$(python3 -c "print(min(1.0, 4 * $density))")
     local lines="" kv
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
-              sync.encoding.shared="$encoding" sync.encoding.experts="$encoding" sync.sparse.density="$density" \
-              sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" \
+              sync.encoding.shared="${enc_s:-$encoding}" sync.encoding.experts="${enc_e:-$encoding}" sync.sparse.density="$density" \
+              sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" sync.sparse.dense_below="$dense" \
               sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug \
               ${lr:+optim.lr=$lr}; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'

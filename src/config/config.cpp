@@ -325,6 +325,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   sparse.get("local_shared", c.sparse.local_shared);
   sparse.get("average_density", c.sparse.average_density);
   sparse.get("decay", c.sparse.decay);
+  sparse.get("dense_below", c.sparse.dense_below);
   sparse.finish();
   if (c.sparse.chunk < 64 || c.sparse.chunk > 65536) sparse.fail("chunk", "must be between 64 and 65536 values");
   if (!(c.sparse.density > 0 && c.sparse.density <= 1)) sparse.fail("density", "must be in (0, 1]: the share of each chunk sent");
@@ -335,6 +336,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
     sparse.fail("decay", "must be in (0, 1]: the share of each error-feedback buffer a round keeps (1 = all)");
   if (!(c.sparse.average_density >= 0 && c.sparse.average_density <= 1))
     sparse.fail("average_density", "must be in [0, 1]: the share of each averaged chunk sent (0 = density x nodes)");
+  if (c.sparse.dense_below < 0)
+    sparse.fail("dense_below", "must be 0 (every tensor sparse) or more: tensors of fewer values go as int8 deltas");
   r.get("chunk_bytes", c.chunk_bytes);
   r.get("round_timeout_s", c.round_timeout_s);
   r.get("deadline_factor", c.deadline_factor);

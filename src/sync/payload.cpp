@@ -81,13 +81,14 @@ void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, cons
 }
 
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
-                       WireEncoding encoding, const float* values, const float* baseline, float* residual,
+                       WireEncoding part_encoding, const float* values, const float* baseline, float* residual,
                        std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse) {
   auto stream = std::make_shared<Stream>();
   std::int64_t pos = 0;
   for (const auto& r : ranges) {
     const ParamRef& p = params[r.param];
     const std::int64_t block = p.row();
+    const WireEncoding encoding = sparse.tensor_encoding(part_encoding, p.numel);
     const std::int64_t cap = piece_capacity(encoding, chunk_bytes, block, sparse);
     for (std::int64_t done = 0; done < r.count;) {
       const std::int64_t n = std::min(cap, r.count - done);
@@ -166,13 +167,15 @@ void StreamReceiver::add(const spes::v1::TensorChunk& chunk) {
   if (!std::equal(piece.shape().begin(), piece.shape().end(), p.shape.begin(), p.shape.end()))
     raise(ErrorKind::Peer, "tensor '{}' has the wrong shape", p.name);
   if (piece.dtype() != spes::v1::F32) raise(ErrorKind::Peer, "tensor '{}' has an unknown dtype", p.name);
-  // The configured encoding, or fp32 (what a sender without a synced baseline yet sends).
+  // The configured encoding (int8_delta for a small tensor of a sparse part), or fp32 (what a
+  // sender without a synced baseline yet sends).
+  const WireEncoding want = sparse_.tensor_encoding(encoding_, p.numel);
   WireEncoding enc;
-  if (piece.encoding() == to_wire(encoding_)) enc = encoding_;
+  if (piece.encoding() == to_wire(want)) enc = want;
   else if (piece.encoding() == spes::v1::FP32) enc = WireEncoding::Fp32;
   else
     raise(ErrorKind::Peer, "tensor '{}' uses encoding {}, expected {} (configs differ?)", p.name,
-          static_cast<int>(piece.encoding()), wire_encoding_name(encoding_));
+          static_cast<int>(piece.encoding()), wire_encoding_name(want));
   const auto offset = static_cast<std::int64_t>(piece.offset()), count = static_cast<std::int64_t>(piece.count());
   if (offset != r.offset + range_done_ || count <= 0 || count > r.count - range_done_)
     raise(ErrorKind::Peer, "tensor '{}' piece [{}, +{}) is not the expected next piece", p.name, piece.offset(), piece.count());

@@ -54,43 +54,40 @@ double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse, i
   return static_cast<double>(encoded_size(e, d * 1000, d)) / static_cast<double>(d * 1000);
 }
 
-// Model-shaped buffers (names are not the model's; only sizes and row lengths matter here).
+// The same averaged over the model's expert tensors (`experts`) or its shared ones, each tensor in
+// its own encoding (a sparse part sends tensors under sync.sparse.dense_below as int8 deltas).
+double part_value_bytes(const ModelConfig& m, bool experts, WireEncoding e, const SparseConfig& sparse,
+                        int averaged_among = 0) {
+  const SparseFormat f = SparseFormat::of(sparse);
+  double bytes = 0, values = 0;
+  for (const auto& [name, shape] : parameter_shapes(m)) {
+    if ((name.find(".mlp.experts.") != std::string::npos) != experts) continue;
+    std::int64_t numel = 1;
+    for (auto x : shape) numel *= x;
+    bytes += static_cast<double>(numel) * value_bytes(f.tensor_encoding(e, numel), shape.back(), sparse, averaged_among);
+    values += static_cast<double>(numel);
+  }
+  return bytes / values;
+}
+
+// Buffers with the model's tensors (names and shapes as registered), filled with noise.
 struct Buffers {
   std::vector<std::vector<float>> storage;
   ParamSet params;
   Buffers(const ModelConfig& c, unsigned seed) {
     std::vector<ParamRef> refs;
-    const std::int64_t d = c.d_model, kv = c.kv_heads() * c.head_dim();
-    auto add = [&](std::string name, std::vector<std::int64_t> shape, int layer = -1, int expert = -1) {
+    for (const auto& [name, shape] : parameter_shapes(c)) {
       ParamRef r;
-      r.name = std::move(name);
-      r.shape = std::move(shape);
+      r.name = name;
+      r.shape = shape;
       r.numel = 1;
       for (auto s : r.shape) r.numel *= s;
+      int layer = -1, expert = -1;  // experts are named layers.L.mlp.experts.E.*
+      if (std::sscanf(name.c_str(), "layers.%d.mlp.experts.%d.", &layer, &expert) != 2) layer = expert = -1;
       r.layer = layer;
       r.expert = expert;
       refs.push_back(std::move(r));
-    };
-    add("embed", {c.vocab_size, d});
-    for (int l = 0; l < c.n_layers; ++l) {
-      const std::string p = "layers." + std::to_string(l) + ".";
-      add(p + "norms", {2, d});
-      add(p + "q", {d, d});
-      add(p + "k", {kv, d});
-      add(p + "v", {kv, d});
-      add(p + "o", {d, d});
-      if (c.qk_norm == QkNorm::Full) add(p + "qk_norm", {d + kv});
-      if (c.qk_norm == QkNorm::PerHead) add(p + "qk_norm", {2 * c.head_dim()});
-      add(p + "router", {c.n_experts, d});
-      for (int e = 0; e < c.n_experts; ++e) {
-        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
-        add(q + "gate", {c.d_ff, d}, l, e);
-        add(q + "up", {c.d_ff, d}, l, e);
-        add(q + "down", {d, c.d_ff}, l, e);
-      }
     }
-    add("norm", {d});
-    add("lm_head", {c.vocab_size, d});
     std::mt19937 gen(seed);
     std::normal_distribution<float> normal(0.0f, 0.02f);
     storage.resize(refs.size());
@@ -126,10 +123,10 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
         "run: {{name: bench, node_id: {}}}\nmodel: {{vocab_size: {}, d_model: {}, n_layers: {}, n_heads: {}, "
         "n_kv_heads: {}, d_ff: {}, n_experts: {}, top_k: {}}}\nmerge: {{alpha: 0}}\n"
         "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n"
-        "  sparse: {{chunk: {}, density: {}, bits: {}}}\n  peers:\n{}",
+        "  sparse: {{chunk: {}, density: {}, bits: {}, dense_below: {}, average_density: {}}}\n  peers:\n{}",
         i, model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads(), model.d_ff,
         model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), sparse.chunk,
-        sparse.density, sparse.bits, peers);
+        sparse.density, sparse.bits, sparse.dense_below, sparse.average_density, peers);
     engines.push_back(std::make_unique<SyncEngine>(parse_config(yaml, "bench"), buffers[i]->params));
   }
   Traffic t;
@@ -221,8 +218,9 @@ void run_sync_bench(const SyncBenchOptions& o) {
   for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25, {}}, Case{WireEncoding::Bf16, 0.35, 0.0, {}},
                         Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12, {}}, sparse(0.01, 2), sparse(0.02, 2),
                         sparse(0.05, 2), sparse(0.01, 4), sparse(0.02, 4), sparse(0.05, 4)}) {
-    const double bytes_per_value = value_bytes(k.e, d, k.sparse);
-    const Traffic counted = spes_traffic(S, X, N, E, bytes_per_value, bytes_per_value, value_bytes(k.e, d, k.sparse, N));
+    const Traffic counted =
+        spes_traffic(S, X, N, E, part_value_bytes(c.model, false, k.e, k.sparse), part_value_bytes(c.model, true, k.e, k.sparse),
+                     part_value_bytes(c.model, false, k.e, k.sparse, N));
     const std::string name = k.e == WireEncoding::Sparse
                                  ? fmt::format("sparse {:g}% {}b", 100 * k.sparse.density, k.sparse.bits)
                                  : wire_encoding_name(k.e);
@@ -241,8 +239,9 @@ void run_sync_bench(const SyncBenchOptions& o) {
     std::printf("\nmeasured = gRPC payload bytes sent by the nodes' services in round 2 (round 1 of int8_delta and\n"
                 "sparse is fp32: it sets the shared baseline), %d in-process nodes on 127.0.0.1\n", N);
   std::printf("sparse: chunks of %lld values (sync.sparse.chunk); positions %d bits each, one fp32 scale per chunk;\n"
-              "averaged slices at %s\n",
+              "tensors under %lld values as int8 deltas (sync.sparse.dense_below); averaged slices at %s\n",
               static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits(),
+              static_cast<long long>(c.sync.sparse.dense_below),
               c.sync.sparse.average_density > 0 ? fmt::format("{:g}% of each chunk", 100 * c.sync.sparse.average_density).c_str()
                                                 : fmt::format("{} x the density (sync.sparse.average_density 0)", N).c_str());
   if (o.measure) codec_speed(c.sync.sparse, d);

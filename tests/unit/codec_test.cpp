@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "../../src/sync/payload.h"
@@ -346,6 +347,66 @@ TEST(StreamValidation, Int8DeltaAgainstAnotherBaselineIsRejected) {
   EXPECT_EQ(ok.values(), c.decoded);
   StreamReceiver bad(c.header, c.model.params, c.ranges, WireEncoding::Int8Delta, other, current, 1.0);
   EXPECT_THROW(bad.add(s->chunks[0]), Error);
+}
+
+// sync.sparse.dense_below: in a sparse part, a tensor of fewer values (norms, the router) goes whole
+// as int8 deltas; every other tensor sparse. Both sides derive it from the tensor's size.
+TEST(StreamValidation, SparsePartSendsSmallTensorsAsInt8Deltas) {
+  test::FakeModel m(1, 2, 16, 16, 40, 7);  // embed/lm_head 640, q 256, router 32, norm 16 values
+  const auto ranges = m.params.shared_slice(0, 1);
+  StreamHeader h;
+  h.run_id = "r";
+  h.round = 3;
+  h.sender = 1;
+  h.part = spes::v1::SHARED_RAW;
+  auto from_model = [&](std::size_t i) -> const float* { return m.params[i].data; };
+  const auto baseline = sync_detail::gather(m.params, ranges, from_model);
+  std::vector<float> values = baseline, decoded(values.size());
+  std::mt19937 gen(3);
+  std::normal_distribution<float> delta(0.0f, 0.01f);
+  for (auto& v : values) v += delta(gen);
+  const SparseFormat f{64, 2, 2, 100};
+  auto s = build_stream(h, m.params, ranges, WireEncoding::Sparse, values.data(), baseline.data(), nullptr, 4096,
+                        decoded.data(), f);
+  std::map<std::string, spes::v1::Encoding> encodings;
+  for (const auto& c : s->chunks) encodings[c.piece().name()] = c.piece().encoding();
+  EXPECT_EQ(encodings.at("layers.0.input_layernorm.weight"), spes::v1::INT8_DELTA);
+  EXPECT_EQ(encodings.at("layers.0.mlp.gate.weight"), spes::v1::INT8_DELTA);
+  EXPECT_EQ(encodings.at("layers.0.self_attn.q_proj.weight"), spes::v1::SPARSE_DELTA);
+  EXPECT_EQ(encodings.at("embed_tokens.weight"), spes::v1::SPARSE_DELTA);
+  // Every value of a small tensor arrives (within half an int8 step of its row); of a large one,
+  // 2 per chunk of 64.
+  std::int64_t pos = 0;
+  for (const auto& r : ranges) {
+    const ParamRef& p = m.params[r.param];
+    if (p.numel < 100) {
+      for (std::int64_t row = pos; row < pos + r.count; row += p.row()) {
+        float amax = 0;
+        for (std::int64_t i = row; i < row + p.row(); ++i) amax = std::max(amax, std::fabs(values[i] - baseline[i]));
+        for (std::int64_t i = row; i < row + p.row(); ++i) EXPECT_LE(std::fabs(decoded[i] - values[i]), amax / 254 + 1e-6f) << p.name;
+      }
+    } else {
+      std::int64_t changed = 0;
+      for (std::int64_t i = pos; i < pos + r.count; ++i) changed += decoded[i] != baseline[i];
+      EXPECT_EQ(changed, r.count / 64 * 2) << p.name;
+    }
+    pos += r.count;
+  }
+  StreamReceiver rx(h, m.params, ranges, WireEncoding::Sparse, baseline, baseline, 1.0, f);
+  for (const auto& c : s->chunks) rx.add(c);
+  rx.finish();
+  EXPECT_EQ(rx.values(), decoded);
+  // A receiver that expects every tensor sparse refuses the int8 piece, naming the mismatch.
+  SparseFormat all_sparse = f;
+  all_sparse.dense_below = 0;
+  StreamReceiver other(h, m.params, ranges, WireEncoding::Sparse, baseline, baseline, 1.0, all_sparse);
+  try {
+    for (const auto& c : s->chunks) other.add(c);
+    ADD_FAILURE() << "an int8 piece was accepted where sparse was expected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'layers.0.input_layernorm.weight' uses encoding"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected sparse (configs differ?)"), std::string::npos) << e.what();
+  }
 }
 
 // ---- merge warm-up ----

@@ -125,6 +125,7 @@ TEST(Config, SparseSettingsAreChecked) {
   EXPECT_EQ(c.sync.sparse.k(), 82);  // round(0.02 x 4096)
   EXPECT_EQ(c.sync.sparse.bits, 2);
   EXPECT_TRUE(c.sync.sparse.local_experts);
+  EXPECT_EQ(c.sync.sparse.dense_below, 4096);
   EXPECT_DOUBLE_EQ(c.sync.sparse.shared_kept(4), 1.0);  // "whole"
   EXPECT_DOUBLE_EQ(parse_config(kMinimal, "m.yaml", [&] {
                      auto v = sync;
@@ -151,6 +152,7 @@ TEST(Config, SparseSettingsAreChecked) {
            {"sync.sparse.density=1.5", "sync.sparse.density", "(0, 1]"},
            {"sync.sparse.decay=0", "sync.sparse.decay", "(0, 1]"},
            {"sync.sparse.average_density=-0.1", "sync.sparse.average_density", "[0, 1]"},
+           {"sync.sparse.dense_below=-1", "sync.sparse.dense_below", "go as int8 deltas"},
            {"sync.sparse.local_shared=half", "sync.sparse.local_shared", "mean, whole or off, got 'half'"},
            {"sync.sparse.chunk=32", "sync.sparse.chunk", "between 64 and 65536"},
            {"sync.sparse.chunk=100000", "sync.sparse.chunk", "between 64 and 65536"},

@@ -116,6 +116,9 @@ struct SparseConfig {
   // Each round the error-feedback buffers are multiplied by `decay` before the new update joins
   // them (SparseLoCo's beta): what waited too long fades instead of arriving all at once. 1 = off.
   double decay = 1;
+  // Tensors of fewer values go as int8 deltas instead (router and norms at these model sizes): a
+  // top-k of a few hundred values would starve them, and they cost little dense. 0 = none.
+  std::int64_t dense_below = 4096;
   std::int64_t k() const;                      // values sent per full chunk (at least 1)
   std::int64_t average_k(int nodes) const;     // the same for averaged slices among `nodes`
   double shared_kept(int nodes) const;         // share of a node's shared remainder in its weights

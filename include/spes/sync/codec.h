@@ -38,12 +38,20 @@ void decode_values(WireEncoding encoding, std::string_view bytes, const float* b
 // `chunk` values from its start (the last may be shorter); chunk j of n values carries k_of(n)
 // values: [fp32 scale][k_of(n) positions, index_bits() bits each, ascending][k_of(n) codes, `bits`
 // bits each], padded to a whole byte. Code c stands for (c - (2^bits - 1) / 2) x scale.
+// A tensor of fewer than dense_below values goes whole as int8_delta instead (sync.sparse.dense_below).
 struct SparseFormat {
   std::int64_t chunk = 4096;
   std::int64_t k = 82;
   int bits = 2;
+  std::int64_t dense_below = 0;
 
-  static SparseFormat of(const SparseConfig& config) { return {config.chunk, config.k(), config.bits}; }
+  static SparseFormat of(const SparseConfig& config) {
+    return {config.chunk, config.k(), config.bits, config.dense_below};
+  }
+  // The encoding of a tensor of `numel` values in a part whose encoding is `part`.
+  WireEncoding tensor_encoding(WireEncoding part, std::int64_t numel) const {
+    return part == WireEncoding::Sparse && numel < dense_below ? WireEncoding::Int8Delta : part;
+  }
   std::int64_t k_of(std::int64_t n) const;   // values sent of a chunk of n
   int index_bits() const;                    // bits per position (enough for chunk - 1)
   std::size_t chunk_bytes(std::int64_t n) const;

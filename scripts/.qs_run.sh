@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# The quality sweep of docs/quality.md (issue 17): the validation-loss gap between SPES (4 nodes)
+# and one centralized run at equal tokens, against the tokens each node takes per optimizer step.
+# Tokens per node-step grow by gradient accumulation (train.grad_accum A = 1, 4, 16, 64 micro-batches
+# of NODE_BATCH sequences); the centralized run takes 4 × NODE_BATCH per micro-batch and the same A,
+# so both sides see the same tokens per step and in total. Same STEPS at every point.
+#
+# Runs, each under OUT/a<A>/<variant>-s<seed>:
+#   central   1 node, all experts, run.threads = cores
+#   spes      4 nodes, sync every 20 steps (fp32), merge warm-up: alpha 0.05 at every round,
+#             decaying to 0 at 40% of the run (SPES.md's alpha0 0.05, T 20k of 50k steps, scaled)
+#   nowarmup  spes without the warm-up (merge.alpha 0)
+#   int8      spes with int8 deltas (error feedback) for shared parameters and experts
+#   h50       spes syncing every 50 steps instead of 20;  h10, h5: every 10 / 5 steps
+#   lrhalf    spes with half the config's optim.lr on every node (the nodes' batches are 4x smaller)
+#   sparse    spes with sparse deltas, sync.sparse's defaults: 2% of each chunk of 4096, 2 bits, each
+#             node's weights holding its whole unsent remainder (its experts' and its shared one:
+#             local_experts, local_shared whole), no decay, averages at 4 x 2% (average_density 0)
+#   sparse5   the same at 5% (averages 20%);  sparse-4b: at 4 bits;  sparse-d9: decay 0.9 a round
+#   sparse-a1 averages published at the contributions' 2%;  sparse-a2: at 2 x 2%;  sparse5-a1,
+#             sparse-4b-a1, sparse-d9-a1: sparse5, sparse-4b, sparse-d9 with averages as the contributions
+#   sparse-m  1/4 of the shared remainder in the weights (local_shared mean), averages at 8%;
+#             sparse-md9, sparse-md95: with decay 0.9, 0.95
+#   sparse-ls the shared remainder in the weights, each owner's expert remainder only in its
+#             buffer (local_experts off), averages at 8%
+#   sparse-le only the experts' remainder in the weights (local_shared off), averages at 2%
+#   sparse-b  the remainders only in the buffers (local_* off), averages at 2%;  sparse-bd9: the
+#             same with decay 0.9 (SparseLoCo's scheme)
+#   sparse-d0 every tensor sparse, however small (sync.sparse.dense_below 0; the default sends
+#             tensors under 4096 values, router and norms here, as int8 deltas)
+#   sparse-xe sparse for the experts only (shared parameters int8);  sparse-xs: for the shared only;
+#             sparse-xs-d1, sparse-xs-d1-4b: shared at density 1 (every value, 2 or 4 bits), experts int8
+#   norobust  spes without the robust expert bound (sync.robust.expert_factor 0; spes has SWEEP_EXPERT_FACTOR)
+#   trimmed   spes with the trimmed shared mean (sync.robust.shared trimmed)
+#   poisonx   node 3 publishes its experts x1.5 more every round from round 4 (SPES_POISON; a drift),
+#             robust bound off;  poisonx-r: the same with the bound on (the default)
+#   poisons   node 3 scales its shared contributions x1.5 every round from round 4, plain mean;
+#             (round 4: SWEEP_POISON_FROM). Nodes log at debug level: each expert update's size.
+#             poisons-r: the same with the trimmed mean
+# Order: central and spes at every point (seed 1, small to large), then the variants at the
+# points in SWEEP_VARIANT_ACCUMS, then the other seeds. Resumable: a run whose final.json exists
+# is skipped, so the sweep can be stopped (Ctrl-C) and started again across sittings.
+#
+# Threads: each of the 4 SPES nodes runs on max(1, cores / 4) threads and the centralized run on
+# all cores. On a 2-core machine the 4 nodes therefore share 2 cores two by two (each on 1 thread):
+# this changes the wall time, never the losses (rounds are in lock-step).
+#
+# usage: scripts/quality_sweep.sh [STEPS]              (default 100)
+#        scripts/quality_sweep.sh --report             (table and plot of what is done, no runs)
+# env:   SWEEP_OUT (runs/quality-sweep), SWEEP_CONFIG (configs/tiny.yaml), SWEEP_NODE_BATCH (8),
+#        SWEEP_ACCUMS ("1 4 16 64"), SWEEP_VARIANT_ACCUMS (the largest accum),
+#        SWEEP_VARIANTS ("nowarmup int8 h50"), SWEEP_SEEDS ("1 2"),
+#        SWEEP_POISON_FROM (4), SWEEP_EXPERT_FACTOR (2.5), SPES_BIN (./build/spes; a copy, so that rebuilding mid-sweep changes nothing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/quality_lib.sh
+REPORT_ONLY=0
+if [[ ${1:-} == --report ]]; then REPORT_ONLY=1; shift; fi
+STEPS=${1:-100}
+OUT=${SWEEP_OUT:-runs/quality-sweep}
+CONFIG=${SWEEP_CONFIG:-configs/tiny.yaml}
+NODE_BATCH=${SWEEP_NODE_BATCH:-8}
+read -r -a ACCUMS <<< "${SWEEP_ACCUMS:-1 4 16 64}"
+read -r -a VARIANT_ACCUMS <<< "${SWEEP_VARIANT_ACCUMS:-${ACCUMS[-1]}}"
+read -r -a VARIANTS <<< "${SWEEP_VARIANTS:-nowarmup int8 h50}"
+read -r -a SEEDS <<< "${SWEEP_SEEDS:-1 2}"
+SPES=${SPES_BIN:-./build/spes}
+POISON_FROM=${SWEEP_POISON_FROM:-4}
+EXPERT_FACTOR=${SWEEP_EXPERT_FACTOR:-2.5}  # sync.robust.expert_factor where the variant does not turn it off
+CORES=$(nproc)
+SEQ_LEN=$(awk '$1 == "seq_len:" {print $2; exit}' "$CONFIG")  # data.seq_len, for tokens per node-step
+NODE_THREADS=$(( CORES / 4 > 0 ? CORES / 4 : 1 ))
+EVAL_EVERY=$(( STEPS / 4 ))
+HORIZON=$(( STEPS * 2 / 5 ))
+mkdir -p "$OUT"
+
+# run_one ACCUM VARIANT SEED: trains one run unless it is done; writes its final.json.
+run_one() {
+  local accum=$1 variant=$2 seed=$3
+  local dir=$OUT/a$accum/$variant-s$seed
+  [[ -f $dir/final.json ]] && return 0
+  rm -rf "$dir" "$dir.log"
+  mkdir -p "$(dirname "$dir")"
+  local common=(train.steps="$STEPS" train.grad_accum="$accum" run.seed="$seed" train.eval_every="$EVAL_EVERY"
+                train.eval_windows=64 schedule.warmup_steps=$(( STEPS / 10 )))
+  local t0; t0=$(date +%s)
+  local metrics batch
+  echo "$(date +%T) a$accum $variant seed $seed ..."
+  if [[ $variant == central ]]; then
+    batch=$(( 4 * NODE_BATCH ))
+    local sets=()
+    for kv in "${common[@]}"; do sets+=(--set "$kv"); done
+    "$SPES" train -c "$CONFIG" "${sets[@]}" --set train.batch_size=$batch --set run.threads="$CORES" \
+      --set "run.out_dir=$dir" > "$dir.log" 2>&1
+    metrics=$dir/metrics.jsonl
+  else
+    batch=$NODE_BATCH
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 local_e=true local_s=whole avg=nodes bits=2 decay=1 factor=$EXPERT_FACTOR shared=mean poison="" lr="" enc_e="" enc_s="" dense=4096
+    case $variant in
+      spes) ;;
+      norobust) factor=0 ;;
+      trimmed) shared=trimmed ;;
+      poisonx) poison=experts:1.5@3 factor=0 ;;
+      poisonx-r) poison=experts:1.5@3 ;;
+      poisons) poison=shared:1.5@3 ;;
+      poisons-r) poison=shared:1.5@3 shared=trimmed ;;
+      nowarmup) alpha=0 ;;
+      int8) encoding=int8_delta ;;
+      h50) every=50 ;;
+      h10) every=10 ;;
+      h5) every=5 ;;
+      lrhalf) lr=$(python3 -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['optim']['lr'] / 2)") ;;
+      sparse) encoding=sparse ;;
+      sparse5) encoding=sparse density=0.05 ;;
+      sparse-4b) encoding=sparse bits=4 ;;
+      sparse-d9) encoding=sparse decay=0.9 ;;
+      sparse-a1) encoding=sparse avg=0.02 ;;
+      sparse5-a1) encoding=sparse density=0.05 avg=0.05 ;;
+      sparse-4b-a1) encoding=sparse bits=4 avg=0.02 ;;
+      sparse-d9-a1) encoding=sparse decay=0.9 avg=0.02 ;;
+      sparse-a2) encoding=sparse avg=0.04 ;;
+      sparse-m) encoding=sparse local_s=mean avg=0.08 ;;
+      sparse-md9) encoding=sparse local_s=mean avg=0.08 decay=0.9 ;;
+      sparse-md95) encoding=sparse local_s=mean avg=0.08 decay=0.95 ;;
+      sparse-ls) encoding=sparse local_e=false avg=0.08 ;;
+      sparse-le) encoding=sparse local_s=off avg=0.02 ;;
+      sparse-b) encoding=sparse local_e=false local_s=off avg=0.02 ;;
+      sparse-bd9) encoding=sparse local_e=false local_s=off avg=0.02 decay=0.9 ;;
+      sparse-d0) encoding=sparse dense=0 ;;
+      sparse-xe) encoding=sparse enc_s=int8_delta ;;
+      sparse-xs) encoding=sparse enc_e=int8_delta ;;
+      sparse-xs-d1) encoding=sparse enc_e=int8_delta density=1 avg=1 ;;
+      sparse-xs-d1-4b) encoding=sparse enc_e=int8_delta density=1 avg=1 bits=4 ;;
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 sparse-4b sparse-d9 sparse-a1 sparse-a2 sparse5-a1 sparse-4b-a1 sparse-d9-a1 sparse-m sparse-md9 sparse-md95 sparse-ls sparse-le sparse-b sparse-bd9 sparse-d0 sparse-xe sparse-xs sparse-xs-d1 sparse-xs-d1-4b norobust" \
+              "trimmed poisonx poisonx-r poisons poisons-r)" >&2; exit 2 ;;
+    esac
+    [[ $avg == nodes ]] && avg=$(python3 -c "print(min(1.0, 4 * $density))")
+    local lines="" kv
+    for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
+              sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
+              sync.encoding.shared="${enc_s:-$encoding}" sync.encoding.experts="${enc_e:-$encoding}" sync.sparse.density="$density" \
+              sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" sync.sparse.dense_below="$dense" \
+              sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug \
+              ${lr:+optim.lr=$lr}; do
+      lines+="  ${kv%%=*}: ${kv#*=}"$'\n'
+    done
+    SPES_POISON=$poison SPES_POISON_FROM=$POISON_FROM quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
+    metrics=$dir/run/node0/metrics.jsonl
+  fi
+  local val; val=$(quality_final_val "$metrics")
+  cat > "$dir/final.json" <<JSON
+{"accum": $accum, "variant": "$variant", "seed": $seed, "steps": $STEPS, "batch": $batch,
+ "node_batch": $NODE_BATCH, "seq_len": $SEQ_LEN, "val_loss": $val, "wall_s": $(( $(date +%s) - t0 ))}
+JSON
+  echo "$(date +%T) a$accum $variant seed $seed: val loss $val ($(( $(date +%s) - t0 )) s)"
+}
+
+if [[ $REPORT_ONLY == 0 ]]; then
+  [[ -x $SPES ]] || { echo "build first: bash scripts/build.sh (or set SPES_BIN)" >&2; exit 2; }
+  echo "sweep: $CONFIG, $STEPS steps, node batch $NODE_BATCH, accum ${ACCUMS[*]}, into $OUT"
+  echo "threads: $CORES cores; each of 4 nodes on $NODE_THREADS, the centralized run on $CORES"
+  first_seed=${SEEDS[0]}
+  for a in "${ACCUMS[@]}"; do run_one "$a" central "$first_seed"; run_one "$a" spes "$first_seed"; done
+  for a in "${VARIANT_ACCUMS[@]}"; do for v in "${VARIANTS[@]}"; do run_one "$a" "$v" "$first_seed"; done; done
+  for s in "${SEEDS[@]:1}"; do
+    for a in "${ACCUMS[@]}"; do run_one "$a" central "$s"; run_one "$a" spes "$s"; done
+  done
+fi
+
+# The report: every run's final validation loss, the gap of each SPES variant to the centralized
+# run of the same accum and seed, and the plot (gap % against tokens per node-step, log x).
+python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+from collections import defaultdict
+out = sys.argv[1]
+runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, "a*", "*", "final.json")))]
+if not runs:
+    sys.exit(f"no finished runs in {out}")
+central = {(r["accum"], r["seed"]): r["val_loss"] for r in runs if r["variant"] == "central"}
+def tokens(r):
+    return r["node_batch"] * r["accum"] * r["seq_len"]
+print(f"{'accum':>5} {'tok/node-step':>13} {'variant':>9} {'seed':>4} {'val loss':>9} {'central':>9} {'gap':>8} {'wall s':>7}")
+gaps = defaultdict(lambda: defaultdict(list))
+for r in sorted(runs, key=lambda r: (r["accum"], r["variant"] != "central", r["variant"], r["seed"])):
+    c = central.get((r["accum"], r["seed"]))
+    gap = ""
+    if r["variant"] != "central" and c is not None:
+        g = 100 * (r["val_loss"] - c) / c
+        gaps[r["variant"]][tokens(r)].append(g)
+        gap = f"{g:+.2f}%"
+    print(f"{r['accum']:>5} {tokens(r):>13} {r['variant']:>9} {r['seed']:>4} {r['val_loss']:>9.4f} "
+          f"{(f'{c:.4f}' if c is not None else '-'):>9} {gap:>8} {r['wall_s']:>7}")
+print("\nmean gap per point (seeds averaged; ± half the spread when there are two or more):")
+with open(os.path.join(out, "gaps.tsv"), "w") as f:
+    for v in sorted(gaps):
+        for t in sorted(gaps[v]):
+            g = gaps[v][t]
+            m = sum(g) / len(g)
+            half = (max(g) - min(g)) / 2
+            print(f"  {v:>9} {t:>8} tokens/node-step: {m:+.2f}%" + (f" ± {half:.2f} ({len(g)} seeds)" if len(g) > 1 else ""))
+            f.write(f"{v}\t{t}\t{m}\t{half}\n")
+        f.write("\n\n")
+print(f"table: {os.path.join(out, 'gaps.tsv')}")
+PY
+variants=$(awk -F'\t' 'NF {print $1}' "$OUT/gaps.tsv" | uniq | tr '\n' ' ')
+plot=""; i=0
+for v in $variants; do
+  plot+="${plot:+, }'$OUT/gaps.tsv' index $i using 2:3:4 with yerrorlines lw 2 pt 7 title '$v'"
+  i=$(( i + 1 ))
+done
+gnuplot <<GP
+set terminal pngcairo size 900,560 font ",11"
+set output '$OUT/quality-vs-batch.png'
+set logscale x 2
+set xlabel 'tokens per node-step (node batch × grad accum × seq len)'
+set ylabel 'validation loss gap to centralized (%)'
+set title 'SPES (4 nodes) vs centralized at equal tokens — $(basename "$CONFIG" .yaml), $STEPS steps'
+set grid
+set offsets graph 0.04, graph 0.04, graph 0.05, graph 0.05
+set key top right
+plot $plot, 3 with lines dt 2 lc rgb '#888888' title '3% target'
+GP
+echo "plot: $OUT/quality-vs-batch.png"

@@ -37,12 +37,14 @@ std::int64_t values_per_chunk(double density, std::int64_t chunk) {
 }  // namespace
 
 std::int64_t SparseConfig::k() const { return values_per_chunk(density, chunk); }
+std::int64_t SparseConfig::shared_k() const { return values_per_chunk(shared_density > 0 ? shared_density : density, chunk); }
 double SparseConfig::shared_kept(int nodes) const {
   if (local_shared == "whole") return 1.0;
   return local_shared == "mean" ? 1.0 / std::max(nodes, 1) : 0.0;
 }
 std::int64_t SparseConfig::average_k(int nodes) const {
-  return values_per_chunk(average_density > 0 ? average_density : density * std::max(nodes, 1), chunk);
+  const double contributions = shared_density > 0 ? shared_density : density;
+  return values_per_chunk(average_density > 0 ? average_density : contributions * std::max(nodes, 1), chunk);
 }
 
 const char* qk_norm_name(QkNorm norm) {
@@ -320,6 +322,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   MapReader sparse = r.section("sparse");
   sparse.get("chunk", c.sparse.chunk);
   sparse.get("density", c.sparse.density);
+  sparse.get("shared_density", c.sparse.shared_density);
   sparse.get("bits", c.sparse.bits);
   sparse.get("local_experts", c.sparse.local_experts);
   sparse.get("local_shared", c.sparse.local_shared);
@@ -329,6 +332,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   sparse.finish();
   if (c.sparse.chunk < 64 || c.sparse.chunk > 65536) sparse.fail("chunk", "must be between 64 and 65536 values");
   if (!(c.sparse.density > 0 && c.sparse.density <= 1)) sparse.fail("density", "must be in (0, 1]: the share of each chunk sent");
+  if (!(c.sparse.shared_density >= 0 && c.sparse.shared_density <= 1))
+    sparse.fail("shared_density", "must be in [0, 1]: the share of each chunk of shared contributions sent (0 = density)");
   if (c.sparse.bits != 2 && c.sparse.bits != 4 && c.sparse.bits != 8) sparse.fail("bits", "must be 2, 4 or 8");
   if (c.sparse.local_shared != "mean" && c.sparse.local_shared != "whole" && c.sparse.local_shared != "off")
     sparse.fail("local_shared", fmt::format("must be mean, whole or off, got '{}'", c.sparse.local_shared));

@@ -208,9 +208,11 @@ struct SyncEngine::Impl {
     return gather(params, ranges, [this](std::size_t i) -> const float* { return synced[i].data(); });
   }
 
-  // Averaged slices carry up to every position their contributors sent (sync.sparse.average_density).
+  // Each part's share of a chunk: experts sync.sparse.density, shared contributions
+  // shared_density, averaged slices up to every position their contributors sent (average_density).
   SparseFormat sparse_format(spes::v1::Part part) const {
     SparseFormat f = SparseFormat::of(config.sync.sparse);
+    if (part == spes::v1::SHARED_RAW) f.k = config.sync.sparse.shared_k();
     if (part == spes::v1::SHARED_AVERAGED) f.k = config.sync.sparse.average_k(n);
     return f;
   }

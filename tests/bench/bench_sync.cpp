@@ -43,11 +43,11 @@ int free_loopback_port() {
 
 // Bytes per value of an encoding, int8 scales (one per row of d values) and sparse positions and
 // scales included.
-// `averaged_among` > 0: a sparse averaged slice among that many nodes (sync.sparse.average_density).
-double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse, int averaged_among = 0) {
+// `k`: values a sparse chunk sends (each part has its own, sync.sparse.*density).
+double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse, std::int64_t k) {
   if (e == WireEncoding::Sparse) {
     SparseFormat f = SparseFormat::of(sparse);
-    if (averaged_among > 0) f.k = sparse.average_k(averaged_among);
+    f.k = k;
     const std::int64_t n = sparse.chunk * 1000;
     return static_cast<double>(f.size(n)) / static_cast<double>(n);
   }
@@ -56,15 +56,14 @@ double value_bytes(WireEncoding e, std::int64_t d, const SparseConfig& sparse, i
 
 // The same averaged over the model's expert tensors (`experts`) or its shared ones, each tensor in
 // its own encoding (a sparse part sends tensors under sync.sparse.dense_below as int8 deltas).
-double part_value_bytes(const ModelConfig& m, bool experts, WireEncoding e, const SparseConfig& sparse,
-                        int averaged_among = 0) {
+double part_value_bytes(const ModelConfig& m, bool experts, WireEncoding e, const SparseConfig& sparse, std::int64_t k) {
   const SparseFormat f = SparseFormat::of(sparse);
   double bytes = 0, values = 0;
   for (const auto& [name, shape] : parameter_shapes(m)) {
     if ((name.find(".mlp.experts.") != std::string::npos) != experts) continue;
     std::int64_t numel = 1;
     for (auto x : shape) numel *= x;
-    bytes += static_cast<double>(numel) * value_bytes(f.tensor_encoding(e, numel), shape.back(), sparse, averaged_among);
+    bytes += static_cast<double>(numel) * value_bytes(f.tensor_encoding(e, numel), shape.back(), sparse, k);
     values += static_cast<double>(numel);
   }
   return bytes / values;
@@ -123,10 +122,11 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
         "run: {{name: bench, node_id: {}}}\nmodel: {{vocab_size: {}, d_model: {}, n_layers: {}, n_heads: {}, "
         "n_kv_heads: {}, d_ff: {}, n_experts: {}, top_k: {}}}\nmerge: {{alpha: 0}}\n"
         "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n"
-        "  sparse: {{chunk: {}, density: {}, bits: {}, dense_below: {}, average_density: {}}}\n  peers:\n{}",
+        "  sparse: {{chunk: {}, density: {}, shared_density: {}, bits: {}, dense_below: {}, average_density: {}}}\n"
+        "  peers:\n{}",
         i, model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads(), model.d_ff,
         model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), sparse.chunk,
-        sparse.density, sparse.bits, sparse.dense_below, sparse.average_density, peers);
+        sparse.density, sparse.shared_density, sparse.bits, sparse.dense_below, sparse.average_density, peers);
     engines.push_back(std::make_unique<SyncEngine>(parse_config(yaml, "bench"), buffers[i]->params));
   }
   Traffic t;
@@ -171,7 +171,7 @@ void codec_speed(const SparseConfig& base_sparse, std::int64_t row) {
   const double d8 = seconds([&] { decode_values(WireEncoding::Int8Delta, bytes, base.data(), n, row, back.data()); });
   std::printf("\ncodec speed, one core, seconds per 10^8 values (encode with error feedback / decode):\n");
   std::printf("  %-16s %6.2f / %5.2f\n", "int8_delta", e8 * per, d8 * per);
-  for (double density : {0.01, 0.02, 0.05})
+  for (double density : {0.01, 0.02, 0.05, 1.0})
     for (int bits : {2, 4}) {
       SparseConfig s = base_sparse;
       s.density = density;
@@ -201,32 +201,37 @@ void run_sync_bench(const SyncBenchOptions& o) {
               format_count(S).c_str(), E, format_count(X).c_str(), N, E / N);
   std::printf("reference star (fp32): total %s per round, busiest link (server downlink) %s\n\n",
               format_bytes(ref.total).c_str(), format_bytes(ref.busiest).c_str());
-  std::printf("%-29s %12s %8s %12s %8s   %s\n", "encoding (shared/experts)", "total", "vs ref", "busiest", "vs ref",
+  std::printf("%-29s %12s %8s %12s %8s   %s\n", "encoding (experts,shared %)", "total", "vs ref", "busiest", "vs ref",
               "target total / busiest");
   struct Case {
     WireEncoding e;
     double total_target, busiest_target;
     SparseConfig sparse;
   };
-  auto sparse = [&](double density, int bits) {
+  // Experts at `density`, the shared contributions at `shared_density` (< 0: the same).
+  auto sparse = [&](double density, int bits, double shared_density = -1) {
     SparseConfig s = c.sync.sparse;
     s.density = density;
     s.bits = bits;
+    s.shared_density = shared_density < 0 ? density : shared_density;
     return Case{WireEncoding::Sparse, 0.02, 0.01, s};
   };
   const std::int64_t d = c.model.d_model;
   for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25, {}}, Case{WireEncoding::Bf16, 0.35, 0.0, {}},
                         Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12, {}}, sparse(0.01, 2), sparse(0.02, 2),
-                        sparse(0.05, 2), sparse(0.01, 4), sparse(0.02, 4), sparse(0.05, 4)}) {
-    const Traffic counted =
-        spes_traffic(S, X, N, E, part_value_bytes(c.model, false, k.e, k.sparse), part_value_bytes(c.model, true, k.e, k.sparse),
-                     part_value_bytes(c.model, false, k.e, k.sparse, N));
-    const std::string name = k.e == WireEncoding::Sparse
-                                 ? fmt::format("sparse {:g}% {}b", 100 * k.sparse.density, k.sparse.bits)
-                                 : wire_encoding_name(k.e);
+                        sparse(0.05, 2), sparse(0.01, 4), sparse(0.02, 4), sparse(0.05, 4), sparse(0.01, 2, 1),
+                        sparse(0.02, 2, 1), sparse(0.02, 4, 1)}) {
+    const SparseConfig& sp = k.sparse;
+    const Traffic counted = spes_traffic(S, X, N, E, part_value_bytes(c.model, false, k.e, sp, sp.shared_k()),
+                                         part_value_bytes(c.model, true, k.e, sp, sp.k()),
+                                         part_value_bytes(c.model, false, k.e, sp, sp.average_k(N)));
+    std::string name = wire_encoding_name(k.e);
+    if (k.e == WireEncoding::Sparse)
+      name = sp.shared_density != sp.density ? fmt::format("sparse {:g}%,{:g}% {}b", 100 * sp.density, 100 * sp.shared_density, sp.bits)
+                                   : fmt::format("sparse {:g}% {}b", 100 * sp.density, sp.bits);
     auto row = [&](const char* how, const Traffic& t) {
       const double rt = t.total / ref.total, rb = t.busiest / ref.busiest;
-      std::printf("%-14s %-14s %12s %7.4f× %12s %7.4f×   ≤ %.2f%s / %s%s\n", name.c_str(), how,
+      std::printf("%-18s %-10s %12s %7.4f× %12s %7.4f×   ≤ %.2f%s / %s%s\n", name.c_str(), how,
                   format_bytes(t.total).c_str(), rt, format_bytes(t.busiest).c_str(), rb, k.total_target,
                   rt <= k.total_target ? " met" : " MISSED",
                   k.busiest_target > 0 ? fmt::format("≤ {:.3f}", k.busiest_target).c_str() : "-",
@@ -243,7 +248,9 @@ void run_sync_bench(const SyncBenchOptions& o) {
               static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits(),
               static_cast<long long>(c.sync.sparse.dense_below),
               c.sync.sparse.average_density > 0 ? fmt::format("{:g}% of each chunk", 100 * c.sync.sparse.average_density).c_str()
-                                                : fmt::format("{} x the density (sync.sparse.average_density 0)", N).c_str());
+                                                : fmt::format("{} x the contributions' density (sync.sparse.average_density 0)", N).c_str());
+  std::printf("sparse a%%,b%%: experts at a%%, shared contributions at b%% (sync.sparse.shared_density; 100%% = every value,\n"
+              "no positions)\n");
   if (o.measure) codec_speed(c.sync.sparse, d);
 }
 

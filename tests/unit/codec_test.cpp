@@ -176,26 +176,69 @@ TEST(Codec, SparseBitsSetTheStep) {
   }
 }
 
+// A chunk sent whole (k = chunk: sync.sparse.shared_density 1) carries no positions, and its scale
+// is the candidate with the least squared error — at 2 bits far below the amax scale's, whose
+// inner levels (amax / 3) sit above most of a chunk's values.
+TEST(Codec, WholeChunksCarryNoPositionsAndALeastSquaresScale) {
+  const SparseFormat f{256, 256, 2};
+  const std::int64_t n = 256 * 2 + 10;  // the short chunk sends all of its 10 values too
+  EXPECT_EQ(f.chunk_bytes(256), 4u + 256 * 2 / 8);
+  EXPECT_EQ(f.size(n), 2 * (4u + 64) + 4 + 3);
+  auto base = randn(n, 21);
+  auto delta = randn(n, 22, 0.01f);
+  std::vector<float> v(n), residual(n, 0.0f), decoded(n), back(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = base[i] + delta[i];
+  std::string bytes;
+  encode_sparse(f, v.data(), base.data(), residual.data(), n, bytes, decoded.data());
+  ASSERT_EQ(bytes.size(), f.size(n));
+  decode_sparse(f, bytes, base.data(), n, back.data());
+  EXPECT_EQ(back, decoded);
+  for (std::int64_t lo = 0; lo < n; lo += f.chunk) {
+    const std::int64_t len = std::min(f.chunk, n - lo);
+    double amax = 0, err = 0, amax_err = 0;
+    for (std::int64_t i = lo; i < lo + len; ++i) amax = std::max(amax, std::fabs(double(v[i]) - base[i]));
+    const double step = amax / 1.5;  // the amax scale: levels ±0.5, ±1.5 steps
+    for (std::int64_t i = lo; i < lo + len; ++i) {
+      const double d = double(v[i]) - base[i];
+      EXPECT_NE(back[i], base[i]) << i;  // every value sent (2 bits have no zero level)
+      EXPECT_NEAR(residual[i], d - (double(back[i]) - base[i]), 1e-6) << i;
+      err += std::pow(d - (double(back[i]) - base[i]), 2);
+      const double code = std::clamp(std::nearbyint(d / step + 1.5), 0.0, 3.0);
+      amax_err += std::pow(d - (code - 1.5) * step, 2);
+    }
+    if (len == f.chunk) EXPECT_LT(err, 0.6 * amax_err) << "chunk at " << lo;
+    else EXPECT_LE(err, amax_err * (1 + 1e-6)) << "chunk at " << lo;
+  }
+  // A stray byte is refused like any other wrong length.
+  try {
+    decode_sparse(f, bytes + "x", base.data(), n, back.data());
+    ADD_FAILURE() << "accepted a payload one byte too long";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bytes, expected"), std::string::npos) << e.what();
+  }
+}
+
 // Over many rounds, what was sent plus what waits in the buffer is every delta: nothing lost.
 TEST(Codec, SparseErrorFeedbackCarriesEveryUnsentValue) {
-  const SparseFormat f{128, 3, 2};
-  const std::int64_t n = 1000;
-  auto w = randn(n, 11);
-  std::vector<double> exact(w.begin(), w.end());
-  std::vector<float> synced = w, residual(n, 0.0f), decoded(n);
-  std::mt19937 gen(12);
-  std::normal_distribution<float> noise(0.0f, 1e-3f);
-  for (int round = 0; round < 200; ++round) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float u = noise(gen) + 5e-4f;
-      w[i] += u;
-      exact[i] += u;
+  for (const SparseFormat f : {SparseFormat{128, 3, 2}, SparseFormat{128, 128, 2}}) {  // top-k; whole chunks
+    const std::int64_t n = 1000;
+    auto w = randn(n, 11);
+    std::vector<double> exact(w.begin(), w.end());
+    std::vector<float> synced = w, residual(n, 0.0f), decoded(n);
+    std::mt19937 gen(12);
+    std::normal_distribution<float> noise(0.0f, 1e-3f);
+    for (int round = 0; round < 200; ++round) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float u = noise(gen) + 5e-4f;
+        w[i] += u;
+        exact[i] += u;
+      }
+      std::string bytes;
+      encode_sparse(f, w.data(), synced.data(), residual.data(), n, bytes, decoded.data());
+      synced = w = decoded;
     }
-    std::string bytes;
-    encode_sparse(f, w.data(), synced.data(), residual.data(), n, bytes, decoded.data());
-    synced = w = decoded;
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(static_cast<double>(w[i]) + residual[i], exact[i], 1e-4) << i;
   }
-  for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(static_cast<double>(w[i]) + residual[i], exact[i], 1e-4) << i;
 }
 
 TEST(Codec, MalformedSparsePayloadsAreRefused) {

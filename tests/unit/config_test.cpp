@@ -126,6 +126,7 @@ TEST(Config, SparseSettingsAreChecked) {
   EXPECT_EQ(c.sync.sparse.bits, 2);
   EXPECT_TRUE(c.sync.sparse.local_experts);
   EXPECT_EQ(c.sync.sparse.dense_below, 4096);
+  EXPECT_EQ(c.sync.sparse.shared_k(), 4096);  // shared contributions whole by default
   EXPECT_DOUBLE_EQ(c.sync.sparse.shared_kept(4), 1.0);  // "whole"
   EXPECT_DOUBLE_EQ(parse_config(kMinimal, "m.yaml", [&] {
                      auto v = sync;
@@ -133,8 +134,15 @@ TEST(Config, SparseSettingsAreChecked) {
                      return v;
                    }()).sync.sparse.shared_kept(4),
                    0.25);  // as the average weighs it
-  EXPECT_EQ(c.sync.sparse.average_k(4), 328);   // round(4 x 0.02 x 4096)
-  EXPECT_EQ(c.sync.sparse.average_k(64), 4096);  // at most the whole chunk
+  EXPECT_EQ(c.sync.sparse.average_k(4), 4096);  // averages follow the contributions
+  const Config topk = parse_config(kMinimal, "m.yaml", [&] {
+    auto v = sync;
+    v.push_back("sync.sparse.shared_density=0");
+    return v;
+  }());
+  EXPECT_EQ(topk.sync.sparse.shared_k(), 82);  // 0: the experts' density
+  EXPECT_EQ(topk.sync.sparse.average_k(4), 328);   // round(4 x 0.02 x 4096)
+  EXPECT_EQ(topk.sync.sparse.average_k(64), 4096);  // at most the whole chunk
   EXPECT_EQ(parse_config(kMinimal, "m.yaml", [&] {
               auto v = sync;
               v.push_back("sync.sparse.average_density=0.01");
@@ -152,6 +160,7 @@ TEST(Config, SparseSettingsAreChecked) {
            {"sync.sparse.density=1.5", "sync.sparse.density", "(0, 1]"},
            {"sync.sparse.decay=0", "sync.sparse.decay", "(0, 1]"},
            {"sync.sparse.average_density=-0.1", "sync.sparse.average_density", "[0, 1]"},
+           {"sync.sparse.shared_density=1.5", "sync.sparse.shared_density", "[0, 1]"},
            {"sync.sparse.dense_below=-1", "sync.sparse.dense_below", "go as int8 deltas"},
            {"sync.sparse.local_shared=half", "sync.sparse.local_shared", "mean, whole or off, got 'half'"},
            {"sync.sparse.chunk=32", "sync.sparse.chunk", "between 64 and 65536"},

@@ -137,7 +137,7 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
     // Sparse remainders in buffers: every node holds the synced weights (in the weights, the
     // default, each node keeps its own: SparseRemaindersReachTheLastRound… below).
     Cluster c(4, fmt::format("{}  encoding: {{shared: {}, experts: {}}}\n"
-                             "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: false, local_shared: off}}\n",
+                             "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: false, local_shared: off, dense_below: 100}}\n",
                              kInsecure, enc, enc));
     for (std::uint64_t r = 1; r <= 3; ++r) {
       c.perturb(0.01f);
@@ -164,6 +164,7 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
     EXPECT_EQ(sent, received) << enc;
     EXPECT_GT(sent[enc], 0u) << enc;
     EXPECT_EQ(sent.count("fp32"), std::string(enc) == "bf16" ? 0u : 1u) << enc;
+    if (sparse) EXPECT_GT(sent["int8_delta"], 0u);  // norms and routers (under sync.sparse.dense_below)
   }
 }
 
@@ -173,12 +174,13 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
 // sync.sparse.local_experts each owner keeps its experts' whole update between rounds (a round
 // leaves them as they were) while every other node holds one identical copy.
 TEST(SyncEngine, SparseRemaindersReachTheLastRoundInBuffersOrInTheWeights) {
-  for (const std::string shared : {"off", "mean", "whole"}) {
+  // "whole1": the shared contributions and averages sent whole (sync.sparse.shared_density 1).
+  for (const std::string shared : {"off", "mean", "whole", "whole1"}) {
     const bool local = shared != "off";
     const std::string yaml = fmt::format(
         "{}  encoding: {{shared: sparse, experts: sparse}}\n"
-        "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: {}, local_shared: {}}}\n",
-        kInsecure, local, shared);
+        "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: {}, local_shared: {}, shared_density: {}, dense_below: 100}}\n",
+        kInsecure, local, shared.substr(0, 5), shared == "whole1" ? 1 : 0);
     constexpr std::uint64_t kRounds = 4;
     Cluster c(4, yaml, {}, 20, 1, [](Config& cfg) { cfg.train.steps = kRounds; });
     const ParamSet& P = c.models[0]->params;
@@ -355,24 +357,30 @@ TEST(SyncEngine, AStreamCutMidwayResumesAtTheChunkItReached) {
   const auto want = direct.round(1);
   ASSERT_TRUE(want[0].skipped.empty());
   ASSERT_GT(want[0].bytes_in, 8u * 4096u);
-  // Again, with node 0 pulling from node 1 through a proxy that cuts the link once, halfway.
-  const int p0 = test::free_port(), p1 = test::free_port();
-  test::CutProxy proxy(p1, want[0].bytes_in / 2);
-  FakeModel m0(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 100);
-  FakeModel m1(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 101);
-  SyncEngine e0(parse_config(test::node_yaml(0, {p0, proxy.port()}, extra), "node0.yaml"), m0.params);
-  SyncEngine e1(parse_config(test::node_yaml(1, {p0, p1}, extra), "node1.yaml"), m1.params);
-  auto r1 = std::async(std::launch::async, [&] { return e1.run_round(1, 1); });
-  const SyncRoundReport r0 = e0.run_round(1, 1);
-  r1.get();
-  EXPECT_TRUE(proxy.cut());
-  EXPECT_GE(proxy.connections(), 2);
-  EXPECT_TRUE(r0.skipped.empty()) << r0.skipped[0].reason;
-  EXPECT_GE(r0.resumed_streams, 1u);
-  // Resumed, not restarted: not one chunk came twice, and the result is the direct one.
-  EXPECT_EQ(r0.bytes_in, want[0].bytes_in);
-  EXPECT_EQ(m0.values(), direct.models[0]->values());
-  EXPECT_EQ(m1.values(), direct.models[1]->values());
+  // Again, with node 0 pulling from node 1 through a proxy that cuts the link once, halfway (a
+  // third or two thirds of the way when the cut fell between two streams: nothing to resume).
+  std::uint64_t resumed = 0;
+  for (const double at : {0.5, 1.0 / 3, 2.0 / 3}) {
+    const int p0 = test::free_port(), p1 = test::free_port();
+    test::CutProxy proxy(p1, static_cast<std::size_t>(static_cast<double>(want[0].bytes_in) * at));
+    FakeModel m0(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 100);
+    FakeModel m1(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 101);
+    SyncEngine e0(parse_config(test::node_yaml(0, {p0, proxy.port()}, extra), "node0.yaml"), m0.params);
+    SyncEngine e1(parse_config(test::node_yaml(1, {p0, p1}, extra), "node1.yaml"), m1.params);
+    auto r1 = std::async(std::launch::async, [&] { return e1.run_round(1, 1); });
+    const SyncRoundReport r0 = e0.run_round(1, 1);
+    r1.get();
+    EXPECT_TRUE(proxy.cut());
+    EXPECT_GE(proxy.connections(), 2);
+    EXPECT_TRUE(r0.skipped.empty()) << r0.skipped[0].reason;
+    // Resumed, not restarted: not one chunk came twice, and the result is the direct one.
+    EXPECT_EQ(r0.bytes_in, want[0].bytes_in) << "cut at " << at;
+    EXPECT_EQ(m0.values(), direct.models[0]->values());
+    EXPECT_EQ(m1.values(), direct.models[1]->values());
+    resumed = r0.resumed_streams;
+    if (resumed > 0) break;
+  }
+  EXPECT_GE(resumed, 1u);
 }
 
 TEST(RoundDeadline, FollowsTheSlowestRecentCleanRoundWithinItsBounds) {

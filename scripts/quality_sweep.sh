@@ -13,9 +13,10 @@
 #   int8      spes with int8 deltas (error feedback) for shared parameters and experts
 #   h50       spes syncing every 50 steps instead of 20;  h10, h5: every 10 / 5 steps
 #   lrhalf    spes with half the config's optim.lr on every node (the nodes' batches are 4x smaller)
-#   sparse    spes with sparse deltas, sync.sparse's defaults: 2% of each chunk of 4096, 2 bits, each
-#             node's weights holding its whole unsent remainder (its experts' and its shared one:
-#             local_experts, local_shared whole), no decay, averages at 4 x 2% (average_density 0)
+#   sparse    spes with sparse deltas: 2% of each chunk of 4096 for experts and shared contributions
+#             alike (shared_density 0), 2 bits, each node's weights holding its whole unsent remainder
+#             (local_experts, local_shared whole), no decay, averages at 4 x 2% (average_density 0).
+#             sync.sparse's defaults since 2026-12-07 are sparse-sh1 (the shared part whole, below)
 #   sparse5   the same at 5% (averages 20%);  sparse-4b: at 4 bits;  sparse-d9: decay 0.9 a round
 #   sparse-a1 averages published at the contributions' 2%;  sparse-a2: at 2 x 2%;  sparse5-a1,
 #             sparse-4b-a1, sparse-d9-a1: sparse5, sparse-4b, sparse-d9 with averages as the contributions

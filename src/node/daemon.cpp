@@ -534,13 +534,13 @@ class NodeDaemon {
   // `delay`: the steps trained between the round's snapshot and its landing (sync.overlap).
   void log_round(const SyncRoundReport& r, std::int64_t delay) {
     metrics_.round(r, plan_.members.size(), *engine_, delay);
-    spdlog::info("sync  round {:>3} at step {:>5}{}{} | in {} | out {} (total) | {:.2f} s | skipped: {}{}", r.round,
+    spdlog::info("sync  round {:>3} at step {:>5}{}{} | in {} | out {} (total) | {:.2f} s (encode {:.2f}) | skipped: {}{}", r.round,
                  r.step, overlap() ? fmt::format(" landed at {:>5}", r.step + delay) : "",
                  engine_->fragments() == 1 ? ""
                  : r.fragment == kWholeModel ? " (whole model)"
                                              : fmt::format(" (fragment {}/{})", r.fragment + 1, engine_->fragments()),
                  format_bytes(static_cast<double>(r.bytes_in)), format_bytes(static_cast<double>(bytes_out_ + r.bytes_out)),
-                 r.seconds, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
+                 r.seconds, r.encode_s, skipped_text(r), r.merged ? fmt::format(" | merged experts, alpha {:.4f}", r.merge_alpha) : "");
     if (MetricsLog* m = trainer_.metrics()) {
       nlohmann::json skipped = nlohmann::json::array();
       for (const auto& k : r.skipped) skipped.push_back({{"peer", k.peer}, {"reason", k.reason}});
@@ -552,7 +552,8 @@ class NodeDaemon {
                                    {"skipped", skipped}, {"by_peer", by_peer}, {"merged", r.merged}, {"merge_alpha", r.merge_alpha},
                                    {"plan", plan_.version}, {"members", plan_.members.size()},
                                    {"landed_step", r.step + delay}, {"delay", delay}, {"fragment", r.fragment},
-                                   {"deadline_s", r.deadline_s}, {"resumed_streams", r.resumed_streams}}
+                                   {"deadline_s", r.deadline_s}, {"resumed_streams", r.resumed_streams},
+                                   {"encode_s", r.encode_s}}
                         .dump());
     }
     if (heartbeat_)

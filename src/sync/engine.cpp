@@ -80,6 +80,7 @@ struct SyncEngine::Impl {
   std::unique_ptr<std::atomic<std::uint64_t>[]> peer_bytes_in;  // per peer, this round
   std::array<std::atomic<std::uint64_t>, kWireEncodings> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
   std::atomic<std::uint64_t> resumed{0};                // streams resumed mid-way, this round
+  mutable double encode_seconds = 0;                    // encode() this round (run_round's thread only)
   RoundDeadline deadlines;                              // when timeout_s is 0: from measured rounds
   // The run's last round with a sparse encoding: sent in fp32 with the residuals folded in, so
   // the final weights hold every update (sparse residuals are whole updates not sent yet).
@@ -250,9 +251,11 @@ struct SyncEngine::Impl {
     }
     const auto baseline = baseline_values(ranges, e);
     decoded.assign(values.size(), 0.0f);
+    const auto t0 = Clock::now();
     auto stream = build_stream(h, params, ranges, e, sent->data(), baseline.empty() ? nullptr : baseline.data(),
                                residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
                                decoded.data(), sparse_format(h.part));
+    encode_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     if (is_delta_encoding(e)) {
       stream->base_round = base_round;
       stream->make_full = [this, h, ranges, values = decoded]() -> StreamPtr {
@@ -584,6 +587,7 @@ struct SyncEngine::Impl {
     const std::uint64_t in0 = bytes_in.load();
     for (int j = 0; j < n; ++j) peer_bytes_in[j] = 0;
     resumed = 0;
+    encode_seconds = 0;
     const WireEncoding se = config.sync.shared_encoding, ee = config.sync.expert_encoding;
     SyncRoundReport report;
     report.round = round;
@@ -719,6 +723,7 @@ struct SyncEngine::Impl {
     }
     report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report.resumed_streams = resumed.load();
+    report.encode_s = encode_seconds;
     if (adaptive) {
       bool slow_link = false;  // a skipped peer had sent part of its data
       for (int j = 0; j < n; ++j) slow_link = slow_link || (!failure[j].empty() && peer_bytes_in[j].load() > 0);

@@ -46,6 +46,7 @@ struct SyncRoundReport {
   double seconds = 0;
   double deadline_s = 0;          // the deadline it ran under (docs/protocol.md, "Round deadline")
   std::uint64_t resumed_streams = 0;  // transfers that broke off and resumed at the chunk reached
+  double encode_s = 0;            // of `seconds`: encoding this node's payloads (selection, quantization)
   std::uint64_t bytes_in = 0;     // payload bytes this node received this round
   std::uint64_t bytes_out = 0;    // payload bytes its service has sent so far (all rounds)
   std::vector<PeerSkip> skipped;  // peers skipped this round and why

@@ -37,14 +37,14 @@ std::int64_t values_per_chunk(double density, std::int64_t chunk) {
 }  // namespace
 
 std::int64_t SparseConfig::k() const { return values_per_chunk(density, chunk); }
-std::int64_t SparseConfig::shared_k() const { return values_per_chunk(shared_density > 0 ? shared_density : density, chunk); }
+double SparseConfig::contribution_density() const { return shared_density > 0 ? shared_density : density; }
+std::int64_t SparseConfig::shared_k() const { return values_per_chunk(contribution_density(), chunk); }
 double SparseConfig::shared_kept(int nodes) const {
   if (local_shared == "whole") return 1.0;
   return local_shared == "mean" ? 1.0 / std::max(nodes, 1) : 0.0;
 }
 std::int64_t SparseConfig::average_k(int nodes) const {
-  const double contributions = shared_density > 0 ? shared_density : density;
-  return values_per_chunk(average_density > 0 ? average_density : contributions * std::max(nodes, 1), chunk);
+  return values_per_chunk(average_density > 0 ? average_density : contribution_density() * std::max(nodes, 1), chunk);
 }
 
 const char* qk_norm_name(QkNorm norm) {

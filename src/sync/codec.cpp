@@ -181,8 +181,9 @@ void decode_sparse(const SparseFormat& f, std::string_view bytes, const float* b
     if (!std::isfinite(scale) || scale < 0)
       raise(ErrorKind::Peer, "sparse chunk at value {} has scale {}", lo, scale);
     BitReader bits(src + 4);
+    const bool whole = k == n;  // a chunk sent whole carries no positions
     for (std::int64_t j = 0; j < k; ++j) {
-      if (k == n) {  // a chunk sent whole carries no positions
+      if (whole) {
         positions[j] = j;
         continue;
       }

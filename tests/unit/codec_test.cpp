@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -74,28 +75,44 @@ TEST(Codec, Int8DeltaWithinHalfStepPerBlock) {
   EXPECT_THROW(decode_values(WireEncoding::Int8Delta, bytes.substr(1), base.data(), n, block, back.data()), Error);
 }
 
-// 100 rounds of a node that trains (biased random updates), encodes, and loads what everybody
-// decoded. With error feedback the loaded weights stay within one quantization step of the exact
-// trajectory (the error telescopes into the residual); without it the error keeps growing.
+// `rounds` rounds of a node that trains (updates ~ N(bias, 1e-3) from weights randn(n, seed)),
+// encodes its weights against what it synced last (`encode(values, synced, residual, decoded)`)
+// and loads what everybody decoded. Returns the loaded weights, the residual and the exact
+// trajectory.
+struct Trajectory {
+  std::vector<float> w, residual;
+  std::vector<double> exact;
+};
+Trajectory train_and_sync(std::int64_t n, int rounds, float bias, unsigned seed,
+                          const std::function<void(const float*, const float*, float*, float*)>& encode) {
+  Trajectory t{randn(n, seed), std::vector<float>(n, 0.0f), {}};
+  t.exact.assign(t.w.begin(), t.w.end());
+  std::vector<float> synced = t.w, decoded(n);
+  std::mt19937 gen(seed + 1);
+  std::normal_distribution<float> noise(0.0f, 1e-3f);
+  for (int round = 0; round < rounds; ++round) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float u = noise(gen) + bias;
+      t.w[i] += u;
+      t.exact[i] += u;
+    }
+    encode(t.w.data(), synced.data(), t.residual.data(), decoded.data());
+    synced = t.w = decoded;
+  }
+  return t;
+}
+
+// 100 rounds with a dense encoding. With error feedback the loaded weights stay within one
+// quantization step of the exact trajectory (the error telescopes into the residual); without it
+// the error keeps growing.
 double accumulated_error(WireEncoding enc, bool feedback) {
   const std::int64_t n = 512, block = 128;
-  auto w = randn(n, 5);
-  std::vector<double> exact(w.begin(), w.end());
-  std::vector<float> synced = w, residual(n, 0.0f), decoded(n);
-  std::mt19937 gen(6);
-  std::normal_distribution<float> noise(0.0f, 1e-3f);
-  for (int round = 0; round < 100; ++round) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float u = noise(gen) + 1e-3f;
-      w[i] += u;
-      exact[i] += u;
-    }
+  const Trajectory t = train_and_sync(n, 100, 1e-3f, 5, [&](const float* w, const float* synced, float* residual, float* decoded) {
     std::string bytes;
-    encode_values(enc, w.data(), synced.data(), feedback ? residual.data() : nullptr, n, block, bytes, decoded.data());
-    synced = w = decoded;
-  }
+    encode_values(enc, w, synced, feedback ? residual : nullptr, n, block, bytes, decoded);
+  });
   double worst = 0;
-  for (std::int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(exact[i] - w[i]));
+  for (std::int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(t.exact[i] - t.w[i]));
   return worst;
 }
 
@@ -222,22 +239,11 @@ TEST(Codec, WholeChunksCarryNoPositionsAndALeastSquaresScale) {
 TEST(Codec, SparseErrorFeedbackCarriesEveryUnsentValue) {
   for (const SparseFormat f : {SparseFormat{128, 3, 2}, SparseFormat{128, 128, 2}}) {  // top-k; whole chunks
     const std::int64_t n = 1000;
-    auto w = randn(n, 11);
-    std::vector<double> exact(w.begin(), w.end());
-    std::vector<float> synced = w, residual(n, 0.0f), decoded(n);
-    std::mt19937 gen(12);
-    std::normal_distribution<float> noise(0.0f, 1e-3f);
-    for (int round = 0; round < 200; ++round) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float u = noise(gen) + 5e-4f;
-        w[i] += u;
-        exact[i] += u;
-      }
+    const Trajectory t = train_and_sync(n, 200, 5e-4f, 11, [&](const float* w, const float* synced, float* residual, float* decoded) {
       std::string bytes;
-      encode_sparse(f, w.data(), synced.data(), residual.data(), n, bytes, decoded.data());
-      synced = w = decoded;
-    }
-    for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(static_cast<double>(w[i]) + residual[i], exact[i], 1e-4) << i;
+      encode_sparse(f, w, synced, residual, n, bytes, decoded);
+    });
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(static_cast<double>(t.w[i]) + t.residual[i], t.exact[i], 1e-4) << i;
   }
 }
 

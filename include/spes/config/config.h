@@ -107,8 +107,8 @@ struct SparseConfig {
   double density = 0.02;
   // The shared parameters' contributions: their own share of each chunk; 0 = density. At 1 (the
   // default) every value goes, at `bits` bits with a least-squares scale per chunk and no positions
-  // on the wire: docs/quality.md, "Sparse payloads" (+0.45% over fp32 against +0.85% with the
-  // shared part at 2% too, +1.9% against +6.1% at 300 steps).
+  // on the wire: docs/quality.md, "Sparse payloads" (+0.42/+0.49% over fp32 against +0.77/+0.93%
+  // with the shared part at 2% too; +2.60/-0.42% against +6.1% at 300 steps).
   double shared_density = 1;
   int bits = 2;
   bool local_experts = true;
@@ -125,6 +125,7 @@ struct SparseConfig {
   // top-k of a few hundred values would starve them, and they cost little dense. 0 = none.
   std::int64_t dense_below = 4096;
   std::int64_t k() const;                      // values sent per full chunk of experts (at least 1)
+  double contribution_density() const;         // shared_density, or density where it is 0
   std::int64_t shared_k() const;               // the same for a node's shared contributions
   std::int64_t average_k(int nodes) const;     // the same for averaged slices among `nodes`
   double shared_kept(int nodes) const;         // share of a node's shared remainder in its weights

@@ -344,6 +344,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.sparse.dense_below < 0)
     sparse.fail("dense_below", "must be 0 (every tensor sparse) or more: tensors of fewer values go as int8 deltas");
   r.get("chunk_bytes", c.chunk_bytes);
+  r.get("encode_threads", c.encode_threads);
   r.get("round_timeout_s", c.round_timeout_s);
   r.get("deadline_factor", c.deadline_factor);
   r.get("min_round_timeout_s", c.min_round_timeout_s);
@@ -373,6 +374,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   r.finish();
   if (c.every < 0) r.fail("every", "must be >= 0 (0 = no synchronization)");
   if (c.chunk_bytes < 4096 || c.chunk_bytes > (64 << 20)) r.fail("chunk_bytes", "must be between 4096 and 64 MiB");
+  if (c.encode_threads < 0 || c.encode_threads > 1024)
+    r.fail("encode_threads", "must be between 0 (one per core) and 1024");
   if (c.round_timeout_s <= 0) r.fail("round_timeout_s", "must be positive");
   if (c.deadline_factor != 0 && !(c.deadline_factor >= 1))
     r.fail("deadline_factor", "must be 0 (a fixed deadline: round_timeout_s) or >= 1 (a multiple of the slowest recent round)");

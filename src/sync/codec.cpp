@@ -8,9 +8,15 @@
 #include <vector>
 
 #include "spes/util/error.h"
+#include "spes/util/parallel.h"
 
 namespace spes {
 namespace {
+
+// Work handed to one thread at a time: ~256k values either way, enough that starting threads
+// costs little next to it.
+constexpr std::int64_t kSparseChunksPerTask = 64;
+constexpr std::int64_t kValuesPerTask = 1 << 18;
 
 std::uint16_t to_bf16_bits(float value) {
   std::uint32_t bits;
@@ -113,55 +119,61 @@ std::size_t SparseFormat::size(std::int64_t count) const {
 }
 
 void encode_sparse(const SparseFormat& f, const float* values, const float* baseline, float* residual,
-                   std::int64_t count, std::string& out, float* decoded) {
+                   std::int64_t count, std::string& out, float* decoded, int threads) {
   SPES_CHECK(baseline != nullptr && f.chunk > 0 && f.k > 0, "sparse needs a baseline and a format");
   out.assign(f.size(count), '\0');
-  auto* dst = reinterpret_cast<unsigned char*>(out.data());
+  auto* const start = reinterpret_cast<unsigned char*>(out.data());
   const float half = half_range(f.bits);
   const auto top = static_cast<std::uint32_t>((1u << f.bits) - 1);
-  std::vector<float> v(static_cast<std::size_t>(f.chunk));
-  std::vector<std::int64_t> order(static_cast<std::size_t>(f.chunk));
-  for (std::int64_t lo = 0; lo < count; lo += f.chunk) {
-    const std::int64_t n = std::min(f.chunk, count - lo), k = f.k_of(n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      v[i] = values[lo + i] - baseline[lo + i] + (residual ? residual[lo + i] : 0.0f);
-      order[i] = i;
+  const std::int64_t chunks = (count + f.chunk - 1) / f.chunk;
+  // Chunks are independent and every one but the last is full, so chunk c starts at
+  // c x chunk_bytes(chunk) in `out`: ranges of chunks can be encoded on separate threads.
+  parallel_ranges(chunks, kSparseChunksPerTask, threads, [&](std::int64_t first, std::int64_t end) {
+    std::vector<float> v(static_cast<std::size_t>(f.chunk));
+    std::vector<std::int64_t> order(static_cast<std::size_t>(f.chunk));
+    auto* dst = start + static_cast<std::size_t>(first) * f.chunk_bytes(f.chunk);
+    for (std::int64_t lo = first * f.chunk; lo < std::min(count, end * f.chunk); lo += f.chunk) {
+      const std::int64_t n = std::min(f.chunk, count - lo), k = f.k_of(n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        v[i] = values[lo + i] - baseline[lo + i] + (residual ? residual[lo + i] : 0.0f);
+        order[i] = i;
+      }
+      // The k largest magnitudes (ties: the lower position), then in position order.
+      auto larger = [&](std::int64_t a, std::int64_t b) {
+        const float x = std::fabs(v[a]), y = std::fabs(v[b]);
+        return x > y || (x == y && a < b);
+      };
+      const bool whole = k == n;  // every value: no positions on the wire
+      if (!whole) {
+        std::nth_element(order.begin(), order.begin() + (k - 1), order.begin() + n, larger);
+        std::sort(order.begin(), order.begin() + k);
+      }
+      float amax = 0.0f;
+      for (std::int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(v[order[j]]));
+      float scale = amax > 0 && std::isfinite(amax) ? amax / half : 0.0f;
+      if (whole && scale > 0) scale = least_squares_scale(v.data(), n, scale, half, static_cast<float>(top));
+      std::memcpy(dst, &scale, 4);
+      // Positions, then codes right after their bits.
+      BitWriter packed(dst + 4);
+      if (!whole)
+        for (std::int64_t j = 0; j < k; ++j) packed.put(static_cast<std::uint32_t>(order[j]), f.index_bits());
+      // Everything not sent stays in the residual; decoded is the baseline plus what was sent.
+      for (std::int64_t i = 0; i < n; ++i) {
+        decoded[lo + i] = baseline[lo + i];
+        if (residual) residual[lo + i] = v[i];
+      }
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::int64_t i = order[j];
+        const float c = scale > 0 ? code_of(v[i], scale, half, static_cast<float>(top)) : 0.0f;
+        const auto code = static_cast<std::uint32_t>(c);
+        packed.put(code, f.bits);
+        const float sent = scale > 0 ? (static_cast<float>(code) - half) * scale : 0.0f;
+        decoded[lo + i] = baseline[lo + i] + sent;
+        if (residual) residual[lo + i] = v[i] - sent;
+      }
+      dst += f.chunk_bytes(n);
     }
-    // The k largest magnitudes (ties: the lower position), then in position order.
-    auto larger = [&](std::int64_t a, std::int64_t b) {
-      const float x = std::fabs(v[a]), y = std::fabs(v[b]);
-      return x > y || (x == y && a < b);
-    };
-    const bool whole = k == n;  // every value: no positions on the wire
-    if (!whole) {
-      std::nth_element(order.begin(), order.begin() + (k - 1), order.begin() + n, larger);
-      std::sort(order.begin(), order.begin() + k);
-    }
-    float amax = 0.0f;
-    for (std::int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(v[order[j]]));
-    float scale = amax > 0 && std::isfinite(amax) ? amax / half : 0.0f;
-    if (whole && scale > 0) scale = least_squares_scale(v.data(), n, scale, half, static_cast<float>(top));
-    std::memcpy(dst, &scale, 4);
-    // Positions, then codes right after their bits.
-    BitWriter packed(dst + 4);
-    if (!whole)
-      for (std::int64_t j = 0; j < k; ++j) packed.put(static_cast<std::uint32_t>(order[j]), f.index_bits());
-    // Everything not sent stays in the residual; decoded is the baseline plus what was sent.
-    for (std::int64_t i = 0; i < n; ++i) {
-      decoded[lo + i] = baseline[lo + i];
-      if (residual) residual[lo + i] = v[i];
-    }
-    for (std::int64_t j = 0; j < k; ++j) {
-      const std::int64_t i = order[j];
-      const float c = scale > 0 ? code_of(v[i], scale, half, static_cast<float>(top)) : 0.0f;
-      const auto code = static_cast<std::uint32_t>(c);
-      packed.put(code, f.bits);
-      const float sent = scale > 0 ? (static_cast<float>(code) - half) * scale : 0.0f;
-      decoded[lo + i] = baseline[lo + i] + sent;
-      if (residual) residual[lo + i] = v[i] - sent;
-    }
-    dst += f.chunk_bytes(n);
-  }
+  });
 }
 
 void decode_sparse(const SparseFormat& f, std::string_view bytes, const float* baseline, std::int64_t count,
@@ -226,7 +238,7 @@ std::size_t encoded_size(WireEncoding encoding, std::int64_t count, std::int64_t
 }
 
 void encode_values(WireEncoding encoding, const float* values, const float* baseline, float* residual,
-                   std::int64_t count, std::int64_t block, std::string& out, float* decoded) {
+                   std::int64_t count, std::int64_t block, std::string& out, float* decoded, int threads) {
   SPES_CHECK(encoding != WireEncoding::Sparse, "sparse payloads go through encode_sparse");
   out.resize(encoded_size(encoding, count, block));
   auto input = [&](std::int64_t i) {
@@ -241,13 +253,15 @@ void encode_values(WireEncoding encoding, const float* values, const float* base
       return;
     case WireEncoding::Bf16: {
       auto* dst = reinterpret_cast<unsigned char*>(out.data());
-      for (std::int64_t i = 0; i < count; ++i) {
-        const float v = input(i);
-        const std::uint16_t h = to_bf16_bits(v);
-        std::memcpy(dst + 2 * i, &h, 2);
-        decoded[i] = from_bf16_bits(h);
-        if (residual) residual[i] = v - decoded[i];
-      }
+      parallel_ranges(count, kValuesPerTask, threads, [&](std::int64_t first, std::int64_t end) {
+        for (std::int64_t i = first; i < end; ++i) {
+          const float v = input(i);
+          const std::uint16_t h = to_bf16_bits(v);
+          std::memcpy(dst + 2 * i, &h, 2);
+          decoded[i] = from_bf16_bits(h);
+          if (residual) residual[i] = v - decoded[i];
+        }
+      });
       return;
     }
     case WireEncoding::Int8Delta: {
@@ -255,25 +269,28 @@ void encode_values(WireEncoding encoding, const float* values, const float* base
       const std::int64_t blocks = block_count(count, block);
       auto* scales = reinterpret_cast<unsigned char*>(out.data());
       auto* q = reinterpret_cast<std::int8_t*>(out.data() + 4 * blocks);
-      std::vector<float> v(static_cast<std::size_t>(block));
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::int64_t lo = b * block, n = std::min(block, count - lo);
-        float amax = 0.0f;
-        for (std::int64_t i = 0; i < n; ++i) {
-          v[i] = input(lo + i);
-          amax = std::max(amax, std::fabs(v[i]));
+      const std::int64_t grain = std::max<std::int64_t>(1, kValuesPerTask / block);
+      parallel_ranges(blocks, grain, threads, [&](std::int64_t first, std::int64_t end) {
+        std::vector<float> v(static_cast<std::size_t>(block));
+        for (std::int64_t b = first; b < end; ++b) {
+          const std::int64_t lo = b * block, n = std::min(block, count - lo);
+          float amax = 0.0f;
+          for (std::int64_t i = 0; i < n; ++i) {
+            v[i] = input(lo + i);
+            amax = std::max(amax, std::fabs(v[i]));
+          }
+          const float scale = amax / 127.0f;
+          std::memcpy(scales + 4 * b, &scale, 4);
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float r = scale > 0 ? std::nearbyint(v[i] / scale) : 0.0f;
+            const auto qi = static_cast<std::int8_t>(std::clamp(r, -127.0f, 127.0f));
+            q[lo + i] = qi;
+            const float delta = static_cast<float>(qi) * scale;
+            decoded[lo + i] = baseline[lo + i] + delta;
+            if (residual) residual[lo + i] = v[i] - delta;
+          }
         }
-        const float scale = amax / 127.0f;
-        std::memcpy(scales + 4 * b, &scale, 4);
-        for (std::int64_t i = 0; i < n; ++i) {
-          const float r = scale > 0 ? std::nearbyint(v[i] / scale) : 0.0f;
-          const auto qi = static_cast<std::int8_t>(std::clamp(r, -127.0f, 127.0f));
-          q[lo + i] = qi;
-          const float delta = static_cast<float>(qi) * scale;
-          decoded[lo + i] = baseline[lo + i] + delta;
-          if (residual) residual[lo + i] = v[i] - delta;
-        }
-      }
+      });
       return;
     }
     case WireEncoding::Sparse: return;  // checked above

@@ -9,7 +9,6 @@
 #include <functional>
 #include <future>
 #include <limits>
-#include <thread>
 
 #include "payload.h"
 #include "round_deadline.h"
@@ -18,6 +17,7 @@
 #include "spes/util/error.h"
 #include "spes/util/failpoint.h"
 #include "spes/util/log.h"
+#include "spes/util/parallel.h"
 #include "spes/util/signals.h"
 #include "robust.h"
 #include "transport.h"
@@ -81,6 +81,7 @@ struct SyncEngine::Impl {
   std::array<std::atomic<std::uint64_t>, kWireEncodings> bytes_in_by_encoding{};  // by spes.v1.Encoding value, all rounds
   std::atomic<std::uint64_t> resumed{0};                // streams resumed mid-way, this round
   mutable double encode_seconds = 0;                    // encode() this round (run_round's thread only)
+  int encode_threads = 1;                               // sync.encode_threads, 0 resolved to the cores
   RoundDeadline deadlines;                              // when timeout_s is 0: from measured rounds
   // The run's last round with a sparse encoding: sent in fp32 with the residuals folded in, so
   // the final weights hold every update (sparse residuals are whole updates not sent yet).
@@ -95,6 +96,7 @@ struct SyncEngine::Impl {
         deadlines(c.sync.deadline_factor, c.sync.min_round_timeout_s, c.sync.round_timeout_s) {
     transport = transport_settings(config);
     transport.plan = membership.plan;
+    encode_threads = threads_or_cores(config.sync.encode_threads);
     for (int id : membership.observers) transport.requesters.push_back(static_cast<std::uint32_t>(id));
     n = static_cast<int>(config.sync.peers.size());
     self = -1;
@@ -254,7 +256,7 @@ struct SyncEngine::Impl {
     const auto t0 = Clock::now();
     auto stream = build_stream(h, params, ranges, e, sent->data(), baseline.empty() ? nullptr : baseline.data(),
                                residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
-                               decoded.data(), sparse_format(h.part));
+                               decoded.data(), sparse_format(h.part), encode_threads);
     encode_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     if (is_delta_encoding(e)) {
       stream->base_round = base_round;

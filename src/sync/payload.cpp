@@ -82,7 +82,7 @@ void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, cons
 
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding part_encoding, const float* values, const float* baseline, float* residual,
-                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse) {
+                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse, int threads) {
   auto stream = std::make_shared<Stream>();
   std::int64_t pos = 0;
   for (const auto& r : ranges) {
@@ -105,12 +105,12 @@ std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet&
       std::string data;
       float* res = residual ? residual + pos : nullptr;
       if (encoding == WireEncoding::Sparse) {
-        encode_sparse(sparse, values + pos, base, res, n, data, decoded + pos);
+        encode_sparse(sparse, values + pos, base, res, n, data, decoded + pos, threads);
         piece->set_block(static_cast<std::uint32_t>(sparse.chunk));
         piece->set_sparse_k(static_cast<std::uint32_t>(sparse.k));
         piece->set_sparse_bits(static_cast<std::uint32_t>(sparse.bits));
       } else {
-        encode_values(encoding, values + pos, base, res, n, block, data, decoded + pos);
+        encode_values(encoding, values + pos, base, res, n, block, data, decoded + pos, threads);
         if (encoding == WireEncoding::Int8Delta) piece->set_block(static_cast<std::uint32_t>(block));
       }
       if (is_delta_encoding(encoding)) piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <random>
 
@@ -23,6 +24,7 @@
 #include "spes/sync/traffic.h"
 #include "spes/util/error.h"
 #include "spes/util/log.h"
+#include "spes/util/parallel.h"
 #include "spes/util/progress.h"
 
 namespace spes::cli {
@@ -149,9 +151,10 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
   return t;
 }
 
-// Encode and decode speed on one core: seconds per 10^8 values (a round of `small` moves ~5·10^6
-// per node, of `1b` ~5·10^8), with error feedback, for int8_delta and each sparse setting.
-void codec_speed(const SparseConfig& base_sparse, std::int64_t row) {
+// Encode and decode speed: seconds per 10^8 values (a round of `small` moves ~5·10^6 per node, of
+// `1b` ~5·10^8), with error feedback, for int8_delta and each sparse setting; encoding on one
+// thread and on `threads` (sync.encode_threads), decoding on one (each stream decodes on its own).
+void codec_speed(const SparseConfig& base_sparse, std::int64_t row, int threads) {
   const std::int64_t n = std::int64_t{1} << 24;
   std::mt19937 gen(3);
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -167,19 +170,29 @@ void codec_speed(const SparseConfig& base_sparse, std::int64_t row) {
   };
   const double per = 1e8 / static_cast<double>(n);
   std::string bytes;
-  const double e8 = seconds([&] { encode_values(WireEncoding::Int8Delta, values.data(), base.data(), residual.data(), n, row, bytes, decoded.data()); });
-  const double d8 = seconds([&] { decode_values(WireEncoding::Int8Delta, bytes, base.data(), n, row, back.data()); });
-  std::printf("\ncodec speed, one core, seconds per 10^8 values (encode with error feedback / decode):\n");
-  std::printf("  %-16s %6.2f / %5.2f\n", "int8_delta", e8 * per, d8 * per);
+  std::printf("\ncodec speed, seconds per 10^8 values: encode with error feedback on 1 / %d threads "
+              "(speed-up), decode on 1:\n", threads);
+  auto row_of = [&](const char* name, const std::function<void(int)>& encode, const std::function<void()>& decode) {
+    const double e1 = seconds([&] { encode(1); });
+    const double en = seconds([&] { encode(threads); });
+    const double d = seconds(decode);
+    std::printf("  %-16s %6.2f / %5.2f (%.1fx) / %5.2f\n", name, e1 * per, en * per, e1 / en, d * per);
+  };
+  row_of(
+      "int8_delta",
+      [&](int t) { encode_values(WireEncoding::Int8Delta, values.data(), base.data(), residual.data(), n, row, bytes, decoded.data(), t); },
+      [&] { decode_values(WireEncoding::Int8Delta, bytes, base.data(), n, row, back.data()); });
   for (double density : {0.01, 0.02, 0.05, 1.0})
     for (int bits : {2, 4}) {
       SparseConfig s = base_sparse;
       s.density = density;
       s.bits = bits;
       const SparseFormat f = SparseFormat::of(s);
-      const double e = seconds([&] { encode_sparse(f, values.data(), base.data(), residual.data(), n, bytes, decoded.data()); });
-      const double d = seconds([&] { decode_sparse(f, bytes, base.data(), n, back.data()); });
-      std::printf("  sparse %4.0f%% %db %6.2f / %5.2f\n", 100 * density, bits, e * per, d * per);
+      const std::string name = fmt::format("sparse {:3.0f}% {}b", 100 * density, bits);
+      row_of(
+          name.c_str(),
+          [&](int t) { encode_sparse(f, values.data(), base.data(), residual.data(), n, bytes, decoded.data(), t); },
+          [&] { decode_sparse(f, bytes, base.data(), n, back.data()); });
     }
 }
 
@@ -251,7 +264,8 @@ void run_sync_bench(const SyncBenchOptions& o) {
                                                 : fmt::format("{} x the contributions' density (sync.sparse.average_density 0)", N).c_str());
   std::printf("sparse a%%,b%%: experts at a%%, shared contributions at b%% (sync.sparse.shared_density; 100%% = every value,\n"
               "no positions)\n");
-  if (o.measure) codec_speed(c.sync.sparse, d);
+  if (o.measure)
+    codec_speed(c.sync.sparse, d, threads_or_cores(c.sync.encode_threads));
 }
 
 }  // namespace

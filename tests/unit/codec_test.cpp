@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -12,6 +13,7 @@
 #include "spes/sync/codec.h"
 #include "spes/sync/merge.h"
 #include "spes/util/error.h"
+#include "spes/util/parallel.h"
 #include "sync_fixture.h"
 
 namespace spes {
@@ -244,6 +246,67 @@ TEST(Codec, SparseErrorFeedbackCarriesEveryUnsentValue) {
       encode_sparse(f, w, synced, residual, n, bytes, decoded);
     });
     for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(static_cast<double>(t.w[i]) + t.residual[i], t.exact[i], 1e-4) << i;
+  }
+}
+
+TEST(Parallel, RangesCoverEveryItemOnceAndRethrowTheFirstFailure) {
+  for (int threads : {1, 3, 8})
+    for (std::int64_t count : {0, 1, 7, 1000}) {
+      std::vector<std::atomic<int>> seen(static_cast<std::size_t>(count));
+      parallel_ranges(count, 64, threads, [&](std::int64_t lo, std::int64_t hi) {
+        EXPECT_LE(hi - lo, 64);
+        for (std::int64_t i = lo; i < hi; ++i) ++seen[i];
+      });
+      for (std::int64_t i = 0; i < count; ++i) EXPECT_EQ(seen[i].load(), 1) << threads << " threads, item " << i;
+    }
+  EXPECT_THROW(parallel_ranges(1000, 10, 4,
+                               [](std::int64_t lo, std::int64_t) {
+                                 if (lo == 500) raise(ErrorKind::Peer, "range at 500");
+                               }),
+               Error);
+}
+
+// Threads share an encoding by chunks and blocks: the bytes, what receivers see and what stays in
+// the error-feedback buffer must not depend on how many there were.
+TEST(Codec, EncodingsAreTheSameAtAnyThreadCount) {
+  const std::int64_t n = 3 * (1 << 18) + 777;  // several tasks and a short last chunk and block
+  const auto base = randn(static_cast<std::size_t>(n), 3), values = randn(static_cast<std::size_t>(n), 4);
+  const auto start_residual = randn(static_cast<std::size_t>(n), 5, 0.1f);
+  struct Result {
+    std::string bytes;
+    std::vector<float> decoded, residual;
+  };
+  auto encode = [&](const std::function<void(float*, std::string&, float*)>& run) {
+    Result r{{}, std::vector<float>(static_cast<std::size_t>(n)), start_residual};
+    run(r.residual.data(), r.bytes, r.decoded.data());
+    return r;
+  };
+  auto same = [](const Result& a, const Result& b, const char* what) {
+    EXPECT_EQ(a.bytes, b.bytes) << what;
+    EXPECT_EQ(0, std::memcmp(a.decoded.data(), b.decoded.data(), a.decoded.size() * 4)) << what;
+    EXPECT_EQ(0, std::memcmp(a.residual.data(), b.residual.data(), a.residual.size() * 4)) << what;
+  };
+  for (const WireEncoding e : {WireEncoding::Bf16, WireEncoding::Int8Delta}) {
+    auto with = [&](int threads) {
+      return encode([&](float* residual, std::string& bytes, float* decoded) {
+        encode_values(e, values.data(), base.data(), residual, n, 1000, bytes, decoded, threads);
+      });
+    };
+    const Result one = with(1);
+    ASSERT_EQ(one.bytes.size(), encoded_size(e, n, 1000));
+    for (int threads : {2, 5}) same(one, with(threads), wire_encoding_name(e));
+  }
+  for (const SparseFormat f : {SparseFormat{4096, 82, 2}, SparseFormat{4096, 4096, 2}, SparseFormat{512, 40, 4}}) {
+    auto with = [&](int threads) {
+      return encode([&](float* residual, std::string& bytes, float* decoded) {
+        encode_sparse(f, values.data(), base.data(), residual, n, bytes, decoded, threads);
+      });
+    };
+    const Result one = with(1);
+    std::vector<float> back(static_cast<std::size_t>(n));
+    decode_sparse(f, one.bytes, base.data(), n, back.data());
+    EXPECT_EQ(0, std::memcmp(back.data(), one.decoded.data(), back.size() * 4));
+    for (int threads : {2, 5}) same(one, with(threads), "sparse");
   }
 }
 

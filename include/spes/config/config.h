@@ -170,6 +170,9 @@ struct SyncConfig : Credentials {
   WireEncoding expert_encoding = WireEncoding::Fp32;
   SparseConfig sparse;                 // when an encoding is sparse
   std::int64_t chunk_bytes = 4 << 20;  // payload bytes per streamed message
+  // Threads that encode a round's payloads (top-k, quantization, error feedback); 0 = one per
+  // core. The bytes on the wire are the same at any count.
+  int encode_threads = 0;
   double round_timeout_s = 600;        // a peer not answering within this is skipped this round
   // Adaptive deadline (docs/protocol.md, "Round deadline"): a round's deadline is deadline_factor ×
   // the slowest recent clean round, at least min_round_timeout_s and at most round_timeout_s

@@ -25,9 +25,10 @@ std::size_t encoded_size(WireEncoding encoding, std::int64_t count, std::int64_t
 // Encodes values[0..count). What is encoded is v = values − baseline (int8_delta) or values
 // (otherwise), plus residual[i] when `residual` is not null; afterwards residual = v − decode(v).
 // `decoded` receives exactly what decode() will reconstruct on the receiver (in value space).
-// `baseline` is required for int8_delta and ignored otherwise.
+// `baseline` is required for int8_delta and ignored otherwise. `threads`: how many may share the
+// work (the bytes are the same at any count).
 void encode_values(WireEncoding encoding, const float* values, const float* baseline, float* residual,
-                   std::int64_t count, std::int64_t block, std::string& out, float* decoded);
+                   std::int64_t count, std::int64_t block, std::string& out, float* decoded, int threads = 1);
 
 // Reconstructs count values from wire bytes. Throws Error(Peer) when the byte count does not
 // match the encoding.
@@ -59,9 +60,9 @@ struct SparseFormat {
 };
 
 // Encodes v = values − baseline (+ residual) sparsely; afterwards residual = v − what was sent
-// (every unsent value whole), decoded = baseline + what was sent.
+// (every unsent value whole), decoded = baseline + what was sent. `threads` as for encode_values.
 void encode_sparse(const SparseFormat& format, const float* values, const float* baseline, float* residual,
-                   std::int64_t count, std::string& out, float* decoded);
+                   std::int64_t count, std::string& out, float* decoded, int threads = 1);
 // out = baseline + the sent values (zero elsewhere). Throws Error(Peer) on a wrong byte count, a
 // scale that is negative or not finite, positions out of order, repeated or past the chunk.
 void decode_sparse(const SparseFormat& format, std::string_view bytes, const float* baseline, std::int64_t count,

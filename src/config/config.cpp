@@ -385,10 +385,6 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.max_rel_change <= 0) r.fail("max_rel_change", "must be positive");
   if (c.max_delay < -1) r.fail("max_delay", "must be >= 0 (or -1: a quarter of the steps between rounds)");
   if (c.fragments < 1) r.fail("fragments", "must be >= 1 (1 = the whole model every round)");
-  // The whole-model round that closes a fragment cycle spends the fragments' residuals; sparse
-  // ones hold whole updates not sent yet, which would be lost.
-  if (c.fragments > 1 && (c.shared_encoding == WireEncoding::Sparse || c.expert_encoding == WireEncoding::Sparse))
-    r.fail("fragments", "cannot be combined with the sparse encoding yet: use sync.fragments: 1 or int8_delta");
   if (c.enabled() && c.every % c.fragments != 0)
     r.fail("fragments", fmt::format("must divide sync.every ({}): one fragment is synced every every / fragments steps",
                                     c.every));

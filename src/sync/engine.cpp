@@ -567,6 +567,53 @@ struct SyncEngine::Impl {
     }
   }
 
+  // With fragments, before a whole-model round (the run's last; it goes out in fp32 with its
+  // buffers folded in): the fragments' sparse buffers, updates not sent yet, move into the whole
+  // model's value by value, so that this round sends them and no fragment sends them again.
+  // What this node held back as a fragment slice's aggregator belongs to the average, whose whole-
+  // model slices are cut differently: it comes back as nodes x that, per whole-model slice, for
+  // this node to add to what it publishes (the average then gains it once, whatever the weights
+  // keep of the remainders). int8 buffers stay: the whole round spends them anyway.
+  std::vector<std::vector<float>> move_fragment_buffers_to_whole() {
+    using Buffers = std::vector<std::pair<const std::vector<ParamRange>*, std::vector<float>*>>;
+    std::vector<std::vector<float>> by_param(params.size());
+    auto at = [&](std::size_t t) {
+      if (by_param[t].empty()) by_param[t].assign(static_cast<std::size_t>(params[t].numel), 0.0f);
+      return by_param[t].data();
+    };
+    auto move = [&](const Buffers& from, const Buffers& to, float factor) {
+      for (auto& values : by_param) std::fill(values.begin(), values.end(), 0.0f);
+      for (const auto& [ranges, buffer] : from) {
+        scatter(*ranges, buffer->data(), at);
+        std::fill(buffer->begin(), buffer->end(), 0.0f);
+      }
+      for (const auto& [ranges, buffer] : to) {
+        const auto moved = gather(params, *ranges, [&](std::size_t t) -> const float* { return at(t); });
+        for (std::size_t i = 0; i < moved.size(); ++i) (*buffer)[i] += factor * moved[i];
+      }
+    };
+    Feedback& whole = feedback[0];
+    const RoundParts& W = parts[0];
+    Buffers experts, raw, average, whole_raw, published;
+    std::vector<std::vector<float>> held_back(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      held_back[k].assign(static_cast<std::size_t>(range_numel(W.slices[k])), 0.0f);
+      published.emplace_back(&W.slices[k], &held_back[k]);
+      whole_raw.emplace_back(&W.slices[k], &whole.residual_raw[k]);
+    }
+    for (std::size_t p = 1; p < parts.size(); ++p) {
+      experts.emplace_back(&parts[p].peer_experts[self], &feedback[p].residual_experts);
+      average.emplace_back(&parts[p].slices[self], &feedback[p].residual_average);
+      for (int k = 0; k < n; ++k) raw.emplace_back(&parts[p].slices[k], &feedback[p].residual_raw[k]);
+    }
+    if (config.sync.expert_encoding == WireEncoding::Sparse)
+      move(experts, {{&W.peer_experts[self], &whole.residual_experts}}, 1.0f);
+    if (config.sync.shared_encoding != WireEncoding::Sparse) return {};
+    move(raw, whole_raw, 1.0f);
+    move(average, published, static_cast<float>(n));
+    return held_back;
+  }
+
   SyncRoundReport run_round(std::uint64_t round, std::int64_t step, double timeout_s, int fragment) {
     if (observer) return observe_round(round, step);
     const std::int64_t period = config.sync.period();
@@ -578,6 +625,9 @@ struct SyncEngine::Impl {
     const std::size_t which = parts_index(fragment);
     const RoundParts& P = parts[which];
     Feedback& fb = feedback[which];
+    // n x what this node held back of fragment averages (a whole-model round with fragments).
+    const auto held_back_average =
+        which == 0 && fragments > 1 ? move_fragment_buffers_to_whole() : std::vector<std::vector<float>>{};
     last_parts = which;
     lr_scale = round_lr_scale(step);
     const auto t0 = Clock::now();
@@ -610,8 +660,10 @@ struct SyncEngine::Impl {
     std::vector<StreamPtr> raw_streams;
     for (int k = 0; k < n; ++k) {
       std::vector<float>* residual = fb.residual_raw.empty() ? nullptr : &fb.residual_raw[k];
-      const auto values =
-          poisoned(residual ? with_kept(P.slices[k], *residual, -kept_shared()) : model_values(P.slices[k]), "shared", round);
+      auto values = residual ? with_kept(P.slices[k], *residual, -kept_shared()) : model_values(P.slices[k]);
+      if (!held_back_average.empty())
+        for (std::size_t i = 0; i < values.size(); ++i) values[i] += held_back_average[k][i];
+      values = poisoned(std::move(values), "shared", round);
       if (residual) decay(se, *residual);
       raw_streams.push_back(encode(header(round, spes::v1::SHARED_RAW, static_cast<std::uint32_t>(k), self),
                                    P.slices[k], se, values, residual, own_raw[k], fb.base_slice[k]));

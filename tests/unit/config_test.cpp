@@ -150,6 +150,12 @@ TEST(Config, SparseSettingsAreChecked) {
               return v;
             }()).sync.sparse.average_k(4),
             41);
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", [&] {  // fragments carry sparse payloads too
+              auto v = sync;
+              v.push_back("sync.fragments=2");
+              return v;
+            }()).sync.fragments,
+            2);
   auto with = [&](const std::string& kv) {
     auto v = sync;
     v.push_back(kv);
@@ -167,7 +173,6 @@ TEST(Config, SparseSettingsAreChecked) {
            {"sync.sparse.local_shared=half", "sync.sparse.local_shared", "mean, whole or off, got 'half'"},
            {"sync.sparse.chunk=32", "sync.sparse.chunk", "between 64 and 65536"},
            {"sync.sparse.chunk=100000", "sync.sparse.chunk", "between 64 and 65536"},
-           {"sync.fragments=2", "sync.fragments", "sparse"},
            {"sync.encoding.shared=sparse4", "sync.encoding.shared", "or sparse"}}) {
     const std::string msg = with(kv);
     EXPECT_NE(msg.find(key), std::string::npos) << kv << ": " << msg;

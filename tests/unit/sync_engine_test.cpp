@@ -325,6 +325,39 @@ TEST(SyncEngine, FragmentsSyncOnePartPerRoundAndTheWholeModelLast) {
   }
 }
 
+// Sparse payloads in fragments: each fragment keeps its own buffers; the run's last (whole-model)
+// round sends what every fragment's buffers still hold, so the run ends where fp32 fragments end
+// (the same updates), bit-identical on every node, whatever the weights kept of the remainders.
+TEST(SyncEngine, SparseFragmentsSendEveryRemainderInTheWholeModelRound) {
+  constexpr int F = 3;
+  constexpr std::uint64_t kLast = 2 * F + 1;
+  auto run = [&](const std::string& encoding_yaml) {
+    Cluster c(4, std::string(kInsecure) + encoding_yaml, {}, 20, F, [](Config& cfg) { cfg.train.steps = kLast; });
+    for (std::uint64_t r = 1; r <= kLast; ++r) {
+      c.perturb(0.01f);
+      const int f = c.engines[0]->fragment_of(r, /*last=*/r == kLast);
+      for (const auto& rep : c.round(r, static_cast<std::int64_t>(r), {}, f))
+        EXPECT_TRUE(rep.skipped.empty()) << encoding_yaml << " round " << r << ": " << rep.skipped[0].reason;
+    }
+    for (int i = 1; i < 4; ++i) EXPECT_TRUE(c.models[i]->values() == c.models[0]->values()) << encoding_yaml << " node " << i;
+    return c.models[0]->values();
+  };
+  const auto fp32 = run("");
+  // The remainders kept in the weights, all, a quarter or none; the shared part at 5% (its
+  // averages then hold back whole values) or whole (the default: quantization error).
+  for (const auto& [local_shared, shared_density] :
+       std::vector<std::pair<std::string, int>>{{"whole", 0}, {"mean", 0}, {"off", 0}, {"whole", 1}}) {
+    const auto sparse = run(fmt::format(
+        "  encoding: {{shared: sparse, experts: sparse}}\n"
+        "  sparse: {{chunk: 256, density: 0.05, local_experts: {}, local_shared: {}, shared_density: {}, dense_below: 100}}\n",
+        local_shared != "off", local_shared, shared_density));
+    double worst = 0;
+    for (std::size_t t = 0; t < fp32.size(); ++t)
+      for (std::size_t x = 0; x < fp32[t].size(); ++x) worst = std::max(worst, std::fabs(double(fp32[t][x]) - sparse[t][x]));
+    EXPECT_LT(worst, 1e-5) << "local_shared " << local_shared << ", shared_density " << shared_density;
+  }
+}
+
 TEST(SyncEngine, OneNodeChangesNothing) {
   Cluster c(1);
   const auto before = c.models[0]->values();

@@ -60,7 +60,7 @@ for i in 0 1; do
   pids+=($!)
   nodes+=($!)
 done
-for p in "${nodes[@]}"; do wait "$p" || { echo "a node failed:"; tail -5 "$OUT"/node*.log; exit 1; }; done
+for p in "${nodes[@]}"; do wait "$p" || { echo "a node failed:"; tail -n 5 "$OUT"/node*.log; exit 1; }; done
 
 echo "link: ${RATE} Mbit/s each direction, ${latency_note}; sync every $EVERY steps, overlap $OVERLAP (max_delay $MAX_DELAY)${SPES_SET:+, $SPES_SET}"
 python3 - "$OUT" "$RATE" <<'PY'

@@ -853,11 +853,13 @@ std::optional<SyncCarry> SyncEngine::carry() const {
     const std::string prefix = carry_prefix(m.feedback.size(), p);
     // The baselines a resumed run rebuilds are its weights, i.e. those right after the last
     // round: with fragments, only the last round's parts (all after a whole-model round) keep
-    // their base rounds; the others start over (their next round goes without a baseline).
+    // their base rounds; the others start over (their next round goes without a baseline) —
+    // unless the shard holds their synced copy (sparse with the remainders in the weights, below;
+    // the experts of other owners are not trained, so the weights hold their synced copy).
     const bool current = m.last_parts == 0 || p == m.last_parts;
     const std::vector<std::uint64_t> none(static_cast<std::size_t>(m.n), 0);
-    const auto& slice_base = current ? fb.base_slice : none;
-    const auto& expert_base = current ? fb.base_experts : none;
+    const auto& slice_base = current || m.kept_shared() > 0 ? fb.base_slice : none;
+    const auto& expert_base = current || m.kept_experts() > 0 ? fb.base_experts : none;
     c.base_slice.insert(c.base_slice.end(), slice_base.begin(), slice_base.end());
     c.base_experts.insert(c.base_experts.end(), expert_base.begin(), expert_base.end());
     // Where the weights hold part of a residual, they are not the baseline: the shard then holds

@@ -11,6 +11,7 @@
 #   E3. the same with sparse deltas (top 5% per chunk, 2 bits), the weights holding part of the
 #       unsent remainders (the default; the shard holds the synced copy too): bit-identical after
 #       rounds 3 and 4;  E4. the same with the remainders only in their buffers (local_* off);
+#       E5. sparse in two fragments (a round every 5 steps), bit-identical after rounds 5 and 6;
 #   F. `spes ckpt merge` of E's two step-20 shards: the whole model (equal to what each node held
 #      after the round), exported, then resumed by one node owning all experts (a new node count).
 # usage: sync_cluster.sh SPES SYNC_CHECK SOURCE_DIR TEST_DATA_DIR
@@ -89,26 +90,29 @@ for i in 0 1; do cmp -s "$TMP/e_full/dump/node$i/round10_post.safetensors" "$TMP
 
 # ---- E2/E3: the same with lossy encodings (residuals and baselines live in the shard) ----
 # resume_lossy NAME LABEL --set ...: runs 40 steps whole, then killed after step 20 and resumed.
+# RESUMED_ROUND: the round the step-20 shard holds (2; 4 with two fragments); COMPARED: the rounds
+# after it that must come out bit-identical ("3 4").
 resume_lossy() {
   local name=$1 label=$2
   shift 2
+  local at=${RESUMED_ROUND:-2} compared=${COMPARED:-3 4}
   start_cluster "${name}_full" 2 40 10 "$@"
   wait_cluster "${name}_full"
   start_cluster "$name" 2 40 10 "$@" --set checkpoint.every=20
   kill_after_step20_shards "$name"
-  rm -f "$TMP/$name"/dump/node*/round{3,4}_post.safetensors
+  local same=1 i r
+  for r in $compared; do rm -f "$TMP/$name"/dump/node*/round${r}_post.safetensors; done
   [[ -f $TMP/$name/node0/checkpoints/step-00000020/sync.safetensors ]] || fail "$name: the shard holds no residuals"
   start_cluster "$name" 2 40 10 "$@" --set checkpoint.every=20 --set checkpoint.resume=step-00000020
   wait_cluster "$name"
-  grep -q "restored the error-feedback residuals and baselines of round 2" "$TMP/$name/node1.log" ||
+  grep -q "restored the error-feedback residuals and baselines of round $at" "$TMP/$name/node1.log" ||
     fail "$name: node 1 did not restore its residuals"
-  local same=1 i r
   for i in 0 1; do
-    for r in 3 4; do
+    for r in $compared; do
       cmp -s "$TMP/${name}_full/dump/node$i/round${r}_post.safetensors" "$TMP/$name/dump/node$i/round${r}_post.safetensors" || same=0
     done
   done
-  [[ $same -eq 1 ]] && echo "ok   $name: $label run killed and resumed from step 20: bit-identical after rounds 3 and 4" ||
+  [[ $same -eq 1 ]] && echo "ok   $name: $label run killed and resumed from step 20: bit-identical after rounds ${compared// / and }" ||
     fail "$name: resumed $label run differs from the uninterrupted one"
 }
 resume_lossy e2 int8/bf16 --set merge.alpha=0 --set sync.encoding.shared=int8_delta --set sync.encoding.experts=bf16
@@ -117,6 +121,9 @@ resume_lossy e3 "sparse (remainders in the weights)" --set merge.alpha=0 --set s
 resume_lossy e4 "sparse (remainders in buffers)" --set merge.alpha=0 --set sync.encoding.shared=sparse \
   --set sync.encoding.experts=sparse --set sync.sparse.chunk=256 --set sync.sparse.density=0.05 \
   --set sync.sparse.local_experts=false --set sync.sparse.local_shared=off
+RESUMED_ROUND=4 COMPARED="5 6" resume_lossy e5 "sparse in 2 fragments" --set merge.alpha=0 \
+  --set sync.encoding.shared=sparse --set sync.encoding.experts=sparse --set sync.sparse.chunk=256 \
+  --set sync.sparse.density=0.05 --set sync.fragments=2
 
 # ---- F: merge the step-20 shards, export, reshard to one node ----
 E0=$TMP/e/node0/checkpoints/step-00000020

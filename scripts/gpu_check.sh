@@ -6,7 +6,8 @@
 #      measured bf16 matmul peak, GPU memory with all experts, 1/4 owned, 1/4 owned + bf16 frozen;
 #   2. two nodes on the one GPU complete SPES rounds over loopback, bit-identical after each;
 #   3. a shard written on the CPU resumes on the GPU, and a GPU shard resumes on the CPU;
-#   4. an HF export loaded by transformers (OlmoeForCausalLM) on the GPU: its loss equals spes eval's.
+#   4. an HF export loaded by transformers (OlmoeForCausalLM) on the GPU: its loss equals spes eval's;
+#   5. the sync codec's speed on one core and on all of them (spes bench sync --codec).
 # Dry run on a CPU machine: SPES_GPU_CHECK_DEVICE=cpu SPES_GPU_CHECK_CONFIG=configs/tiny.yaml.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +77,9 @@ echo "$out"
 theirs=$(echo "$out" | grep -o "^loss [0-9.]*" | awk '{print $2}')
 "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'spes eval {a} vs transformers {b}: relative {abs(a-b)/abs(a):.2e}'); sys.exit(abs(a-b) > 1e-4 * abs(a))" \
   "${ours:-nan}" "${theirs:-nan}" || fail "spes eval vs transformers"
+
+section "5. sync codec speed on this machine's cores (sparse selection runs on the host mirror)"
+"$SPES" bench sync -c "$CONFIG" --codec || fail "bench sync --codec"
 
 echo
 if [[ $failures -ne 0 ]]; then echo "gpu check: $failures failure(s)"; exit 1; fi

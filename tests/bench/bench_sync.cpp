@@ -200,11 +200,16 @@ struct SyncBenchOptions {
   ConfigOptions config;
   int nodes = 4;
   bool measure = true;
+  bool codec_only = false;
 };
 
 void run_sync_bench(const SyncBenchOptions& o) {
   init_logging("warn");
   Config c = load_config(o.config.config, o.config.overrides);
+  if (o.codec_only) {
+    codec_speed(c.sync.sparse, c.model.d_model, threads_or_cores(c.sync.encode_threads));
+    return;
+  }
   const int N = o.nodes, E = static_cast<int>(c.model.n_experts);
   if (N < 1 || E % N != 0) raise(ErrorKind::Usage, "--nodes {} must divide the {} experts", N, E);
   const ParamCounts pc = count_params(c.model, E);
@@ -276,6 +281,8 @@ void add_bench_sync(CLI::App& bench) {
   add_config_options(*sync, o->config);
   sync->add_option("--nodes", o->nodes, "nodes N (must divide the experts)");
   sync->add_flag("!--count-only", o->measure, "only count; do not run rounds (for the paper shapes)");
+  sync->add_flag("--codec", o->codec_only,
+                 "only the codec's speed: encoding on 1 and sync.encode_threads threads (0 = every core), decoding");
   sync->callback([o] { run_sync_bench(*o); });
 }
 

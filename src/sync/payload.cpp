@@ -113,7 +113,7 @@ std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet&
         encode_values(encoding, values + pos, base, res, n, block, data, decoded + pos, threads);
         if (encoding == WireEncoding::Int8Delta) piece->set_block(static_cast<std::uint32_t>(block));
       }
-      if (is_delta_encoding(encoding)) piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4));
+      if (is_delta_encoding(encoding)) piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4, threads));
       piece->set_crc32(crc32_of(data.data(), data.size()));
       piece->set_data(std::move(data));
       stream->chunks.push_back(std::move(chunk));

@@ -182,6 +182,11 @@ void codec_speed(const SparseConfig& base_sparse, std::int64_t row, int threads)
       "int8_delta",
       [&](int t) { encode_values(WireEncoding::Int8Delta, values.data(), base.data(), residual.data(), n, row, bytes, decoded.data(), t); },
       [&] { decode_values(WireEncoding::Int8Delta, bytes, base.data(), n, row, back.data()); });
+  // Every delta piece carries the crc32 of its baseline (4 bytes a value): the sender's share
+  // (the receiver checks its own copy on one thread per stream: the last column).
+  row_of(
+      "baseline crc32", [&](int t) { (void)crc32_of(base.data(), static_cast<std::size_t>(n) * 4, t); },
+      [&] { (void)crc32_of(base.data(), static_cast<std::size_t>(n) * 4); });
   for (double density : {0.01, 0.02, 0.05, 1.0})
     for (int bits : {2, 4}) {
       SparseConfig s = base_sparse;

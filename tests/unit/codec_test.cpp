@@ -266,6 +266,29 @@ TEST(Parallel, RangesCoverEveryItemOnceAndRethrowTheFirstFailure) {
                Error);
 }
 
+// crc32 in blocks on several threads, joined with crc32_combine, against a plain table-driven
+// CRC-32 (the zlib polynomial) over a buffer that spans several blocks and ends mid-block.
+TEST(Codec, Crc32IsTheSameAtAnyThreadCount) {
+  std::uint32_t table[256];
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    table[i] = c;
+  }
+  auto reference = [&](const unsigned char* p, std::size_t n) {
+    std::uint32_t c = 0xFFFFFFFFu;
+    for (std::size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+  };
+  EXPECT_EQ(crc32_of("123456789", 9), 0xCBF43926u);  // the standard check value
+  std::vector<unsigned char> bytes((std::size_t{40} << 20) + 123);
+  std::mt19937 gen(9);
+  for (auto& b : bytes) b = static_cast<unsigned char>(gen());
+  const std::uint32_t want = reference(bytes.data(), bytes.size());
+  for (int threads : {1, 3, 8}) EXPECT_EQ(crc32_of(bytes.data(), bytes.size(), threads), want) << threads << " threads";
+  EXPECT_EQ(crc32_of(bytes.data(), 0, 4), 0u);
+}
+
 // Threads share an encoding by chunks and blocks: the bytes, what receivers see and what stays in
 // the error-feedback buffer must not depend on how many there were.
 TEST(Codec, EncodingsAreTheSameAtAnyThreadCount) {

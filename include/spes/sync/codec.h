@@ -68,8 +68,8 @@ void encode_sparse(const SparseFormat& format, const float* values, const float*
 void decode_sparse(const SparseFormat& format, std::string_view bytes, const float* baseline, std::int64_t count,
                    float* out);
 
-// zlib crc32 of a byte range.
-std::uint32_t crc32_of(const void* data, std::size_t size);
+// zlib crc32 of a byte range; `threads` may share a long one (the same value at any count).
+std::uint32_t crc32_of(const void* data, std::size_t size, int threads = 1);
 
 // Round-to-nearest-even fp32 → bf16 → fp32 (NaN stays NaN).
 float round_to_bf16(float value);

@@ -24,6 +24,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece
   nlohmann-json3-dev zlib1g-dev
+  libzstd-dev          # sync.compression: zstd frames on the wire
   libssl-dev           # per-node certificates (spes ca)
   prometheus-cpp-dev   # /metrics on every daemon
   prometheus           # the tests' real scrape of a local cluster (not needed to run spes)

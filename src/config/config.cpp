@@ -345,6 +345,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
     sparse.fail("dense_below", "must be 0 (every tensor sparse) or more: tensors of fewer values go as int8 deltas");
   r.get("chunk_bytes", c.chunk_bytes);
   r.get("encode_threads", c.encode_threads);
+  r.get("compression", c.compression);
+  r.get("compression_level", c.compression_level);
   r.get("round_timeout_s", c.round_timeout_s);
   r.get("deadline_factor", c.deadline_factor);
   r.get("min_round_timeout_s", c.min_round_timeout_s);
@@ -376,6 +378,9 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (c.chunk_bytes < 4096 || c.chunk_bytes > (64 << 20)) r.fail("chunk_bytes", "must be between 4096 and 64 MiB");
   if (c.encode_threads < 0 || c.encode_threads > 1024)
     r.fail("encode_threads", "must be between 0 (one per core) and 1024");
+  if (c.compression != "zstd" && c.compression != "none")
+    r.fail("compression", "must be zstd or none, not '" + c.compression + "'");
+  if (c.compression_level < 1 || c.compression_level > 19) r.fail("compression_level", "must be between 1 and 19");
   if (c.round_timeout_s <= 0) r.fail("round_timeout_s", "must be positive");
   if (c.deadline_factor != 0 && !(c.deadline_factor >= 1))
     r.fail("deadline_factor", "must be 0 (a fixed deadline: round_timeout_s) or >= 1 (a multiple of the slowest recent round)");

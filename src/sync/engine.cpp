@@ -256,14 +256,14 @@ struct SyncEngine::Impl {
     const auto t0 = Clock::now();
     auto stream = build_stream(h, params, ranges, e, sent->data(), baseline.empty() ? nullptr : baseline.data(),
                                residual && !residual->empty() ? residual->data() : nullptr, config.sync.chunk_bytes,
-                               decoded.data(), sparse_format(h.part), encode_threads);
+                               decoded.data(), sparse_format(h.part), encode_threads, config.sync.zstd_level());
     encode_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     if (is_delta_encoding(e)) {
       stream->base_round = base_round;
       stream->make_full = [this, h, ranges, values = decoded]() -> StreamPtr {
         std::vector<float> same(values.size());
         return build_stream(h, params, ranges, WireEncoding::Fp32, values.data(), nullptr, nullptr,
-                            config.sync.chunk_bytes, same.data());
+                            config.sync.chunk_bytes, same.data(), {}, encode_threads, config.sync.zstd_level());
       };
     }
     return stream;

@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "compression.h"
 #include "spes/sync/codec.h"
 #include "spes/util/error.h"
+#include "spes/util/parallel.h"
 
 namespace spes::sync_detail {
 namespace {
@@ -82,7 +84,8 @@ void scatter(const ParamSet& params, const std::vector<ParamRange>& ranges, cons
 
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding part_encoding, const float* values, const float* baseline, float* residual,
-                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse, int threads) {
+                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse, int threads,
+                       int zstd_level) {
   auto stream = std::make_shared<Stream>();
   std::int64_t pos = 0;
   for (const auto& r : ranges) {
@@ -114,13 +117,20 @@ std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet&
         if (encoding == WireEncoding::Int8Delta) piece->set_block(static_cast<std::uint32_t>(block));
       }
       if (is_delta_encoding(encoding)) piece->set_baseline_crc32(crc32_of(base, static_cast<std::size_t>(n) * 4, threads));
-      piece->set_crc32(crc32_of(data.data(), data.size()));
       piece->set_data(std::move(data));
       stream->chunks.push_back(std::move(chunk));
       done += n;
       pos += n;
     }
   }
+  // Each piece compressed (where that pays) and checksummed as it travels, pieces side by side.
+  parallel_ranges(static_cast<std::int64_t>(stream->chunks.size()), 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      auto* piece = stream->chunks[static_cast<std::size_t>(i)].mutable_piece();
+      if (zstd_level > 0 && compress_payload(*piece->mutable_data(), zstd_level)) piece->set_compression(spes::v1::ZSTD);
+      piece->set_crc32(crc32_of(piece->data().data(), piece->data().size()));
+    }
+  });
   if (stream->chunks.empty()) stream->chunks.push_back(new_chunk(header));  // an empty part still says so
   for (auto& c : stream->chunks) c.set_total(static_cast<std::uint32_t>(stream->chunks.size()));
   for (const auto& c : stream->chunks) stream->bytes += c.ByteSizeLong();
@@ -188,12 +198,21 @@ void StreamReceiver::add(const spes::v1::TensorChunk& chunk) {
           piece.block(), piece.sparse_k(), piece.sparse_bits(), sparse_.chunk, sparse_.k, sparse_.bits);
   if (crc32_of(piece.data().data(), piece.data().size()) != piece.crc32())
     raise(ErrorKind::Peer, "tensor '{}' fails its checksum", p.name);
+  std::string unpacked;  // the encoding's bytes of a compressed piece
+  std::string_view bytes = piece.data();
+  if (piece.compression() == spes::v1::ZSTD) {
+    const std::size_t expected = enc == WireEncoding::Sparse ? sparse_.size(count) : encoded_size(enc, count, block);
+    unpacked = decompress_payload(piece.data(), expected, p.name);
+    bytes = unpacked;
+  } else if (piece.compression() != spes::v1::COMPRESSION_NONE) {
+    raise(ErrorKind::Peer, "tensor '{}' uses an unknown compression {}", p.name, static_cast<int>(piece.compression()));
+  }
   const float* base = baseline_.empty() ? nullptr : baseline_.data() + flat_done_;
   if (is_delta_encoding(enc) && crc32_of(base, static_cast<std::size_t>(count) * 4) != piece.baseline_crc32())
     raise(ErrorKind::Peer, "tensor '{}' is a delta against other weights than ours (a round was missed)", p.name);
   float* out = values_.data() + flat_done_;
-  if (enc == WireEncoding::Sparse) decode_sparse(sparse_, piece.data(), base, count, out);
-  else decode_values(enc, piece.data(), base, count, block, out);
+  if (enc == WireEncoding::Sparse) decode_sparse(sparse_, bytes, base, count, out);
+  else decode_values(enc, bytes, base, count, block, out);
   const float* cur = current_.data() + flat_done_;
   for (std::int64_t i = 0; i < count; ++i) {
     if (!std::isfinite(out[i])) raise(ErrorKind::Peer, "tensor '{}' holds a non-finite value", p.name);

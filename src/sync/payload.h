@@ -39,10 +39,13 @@ inline constexpr std::size_t kWireEncodings = 5;
 // Encodes `values` (flat over `ranges`) into chunks of at most chunk_bytes of payload.
 // baseline: flat last-synced values (delta encodings only); residual: flat error-feedback state,
 // or null for none; decoded: receives what receivers will reconstruct; sparse: the layout when
-// `encoding` is sparse; threads: how many may share the encoding (the same stream at any count).
+// `encoding` is sparse; threads: how many may share the encoding (the same stream at any count);
+// zstd_level: each piece's bytes go as a zstd frame at this level where that makes them smaller
+// (0 = never; sync.compression).
 std::shared_ptr<Stream> build_stream(const StreamHeader& header, const ParamSet& params, const std::vector<ParamRange>& ranges,
                        WireEncoding encoding, const float* values, const float* baseline, float* residual,
-                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse = {}, int threads = 1);
+                       std::int64_t chunk_bytes, float* decoded, const SparseFormat& sparse = {}, int threads = 1,
+                       int zstd_level = 0);
 
 // Validates and decodes one stream. add() and finish() throw Error(Peer) with the reason.
 class StreamReceiver {

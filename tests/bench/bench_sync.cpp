@@ -17,6 +17,7 @@
 #include <random>
 
 #include "../../src/cli/commands.h"
+#include "../../src/sync/compression.h"
 #include "spes/config/config.h"
 #include "spes/model/size.h"
 #include "spes/sync/codec.h"
@@ -26,6 +27,7 @@
 #include "spes/util/log.h"
 #include "spes/util/parallel.h"
 #include "spes/util/progress.h"
+#include "spes/util/safetensors.h"
 
 namespace spes::cli {
 namespace {
@@ -99,6 +101,17 @@ struct Buffers {
     }
     params = ParamSet(std::move(refs));
   }
+  // Every tensor's values from a checkpoint's model.safetensors (`spes bench sync --from/--to`).
+  void load(const std::map<std::string, LoadedTensor>& weights, const std::string& file) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto it = weights.find(params[i].name);
+      if (it == weights.end())
+        raise(ErrorKind::Usage, "{} has no tensor '{}': is it a checkpoint of this config's model?", file, params[i].name);
+      if (it->second.shape != params[i].shape)
+        raise(ErrorKind::Usage, "{}: tensor '{}' has another shape than this config's model", file, params[i].name);
+      storage[i] = it->second.values;
+    }
+  }
   void train_a_little(float scale, unsigned seed) {  // stands in for H local steps
     std::mt19937 gen(seed);
     std::normal_distribution<float> normal(0.0f, scale);
@@ -107,9 +120,17 @@ struct Buffers {
   }
 };
 
+// Real weights for the measured rounds: node i holds from[i] in round 1 and to[i] in round 2 (one
+// file stands for every node), so the deltas on the wire are a training run's, not noise.
+struct RealWeights {
+  std::vector<std::map<std::string, LoadedTensor>> from, to;
+  std::vector<std::string> from_files, to_files;
+};
+
 // Runs `rounds` rounds between N in-process nodes; returns the traffic of the last round.
-Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncoding experts, const SparseConfig& sparse,
-                int rounds) {
+// `sync`: the config's sync section, for its compression.
+Traffic measure(const ModelConfig& model, const SyncConfig& sync, int N, WireEncoding shared, WireEncoding experts,
+                const SparseConfig& sparse, int rounds, const RealWeights* real) {
   std::vector<int> ports;
   std::string peers;
   for (int i = 0; i < N; ++i) {
@@ -125,15 +146,24 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
         "n_kv_heads: {}, d_ff: {}, n_experts: {}, top_k: {}}}\nmerge: {{alpha: 0}}\n"
         "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n"
         "  sparse: {{chunk: {}, density: {}, shared_density: {}, bits: {}, dense_below: {}, average_density: {}}}\n"
-        "  peers:\n{}",
+        "  compression: {}\n  compression_level: {}\n  peers:\n{}",
         i, model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads(), model.d_ff,
         model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), sparse.chunk,
-        sparse.density, sparse.shared_density, sparse.bits, sparse.dense_below, sparse.average_density, peers);
+        sparse.density, sparse.shared_density, sparse.bits, sparse.dense_below, sparse.average_density,
+        sync.compression, sync.compression_level, peers);
     engines.push_back(std::make_unique<SyncEngine>(parse_config(yaml, "bench"), buffers[i]->params));
   }
   Traffic t;
   for (int r = 1; r <= rounds; ++r) {
-    for (int i = 0; i < N; ++i) buffers[i]->train_a_little(1e-3f, static_cast<unsigned>(100 * r + i));
+    for (int i = 0; i < N; ++i) {
+      if (!real) {
+        buffers[i]->train_a_little(1e-3f, static_cast<unsigned>(100 * r + i));
+        continue;
+      }
+      const auto k = static_cast<std::size_t>(i) % real->from.size();
+      if (r == 1) buffers[i]->load(real->from[k], real->from_files[k]);
+      else buffers[i]->load(real->to[k], real->to_files[k]);
+    }
     std::vector<std::uint64_t> in0, out0;
     for (auto& e : engines) in0.push_back(e->bytes_received()), out0.push_back(e->bytes_sent());
     std::vector<std::future<SyncRoundReport>> calls;
@@ -154,7 +184,7 @@ Traffic measure(const ModelConfig& model, int N, WireEncoding shared, WireEncodi
 // Encode and decode speed: seconds per 10^8 values (a round of `small` moves ~5·10^6 per node, of
 // `1b` ~5·10^8), with error feedback, for int8_delta and each sparse setting; encoding on one
 // thread and on `threads` (sync.encode_threads), decoding on one (each stream decodes on its own).
-void codec_speed(const SparseConfig& base_sparse, std::int64_t row, int threads) {
+void codec_speed(const SparseConfig& base_sparse, std::int64_t row, int threads, int zstd_level) {
   const std::int64_t n = std::int64_t{1} << 24;
   std::mt19937 gen(3);
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -199,6 +229,40 @@ void codec_speed(const SparseConfig& base_sparse, std::int64_t row, int threads)
           [&](int t) { encode_sparse(f, values.data(), base.data(), residual.data(), n, bytes, decoded.data(), t); },
           [&] { decode_sparse(f, bytes, base.data(), n, back.data()); });
     }
+  // sync.compression on top: the whole 2-bit payload (the default shared part) in 4 MiB pieces,
+  // packed side by side as build_stream does, unpacked one piece at a time.
+  if (zstd_level > 0) {
+    SparseConfig s = base_sparse;
+    s.density = 1.0;
+    s.bits = 2;
+    const SparseFormat f = SparseFormat::of(s);
+    encode_sparse(f, values.data(), base.data(), residual.data(), n, bytes, decoded.data(), threads);
+    const std::int64_t piece = 4 << 20, pieces = (static_cast<std::int64_t>(bytes.size()) + piece - 1) / piece;
+    std::vector<std::string> packed(static_cast<std::size_t>(pieces));
+    std::size_t packed_bytes = 0;
+    row_of(
+        fmt::format("zstd {} of 100% 2b", zstd_level).c_str(),
+        [&](int t) {
+          parallel_ranges(pieces, 1, t, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t i = lo; i < hi; ++i) {
+              auto& p = packed[static_cast<std::size_t>(i)];
+              p = bytes.substr(static_cast<std::size_t>(i * piece), static_cast<std::size_t>(piece));
+              (void)sync_detail::compress_payload(p, zstd_level);  // left as it is where it does not shrink
+            }
+          });
+        },
+        [&] {
+          packed_bytes = 0;
+          for (std::int64_t i = 0; i < pieces; ++i) {
+            const auto& p = packed[static_cast<std::size_t>(i)];
+            const std::size_t raw = std::min<std::size_t>(piece, bytes.size() - static_cast<std::size_t>(i * piece));
+            packed_bytes += p.size();
+            if (p.size() < raw) (void)sync_detail::decompress_payload(p, raw, "bench");
+          }
+        });
+    std::printf("  (noise: %.1f%% of the bytes remain; a training run's deltas: docs/benchmarks.md)\n",
+                100.0 * static_cast<double>(packed_bytes) / static_cast<double>(bytes.size()));
+  }
 }
 
 struct SyncBenchOptions {
@@ -206,17 +270,31 @@ struct SyncBenchOptions {
   int nodes = 4;
   bool measure = true;
   bool codec_only = false;
+  std::vector<std::string> from, to;  // model.safetensors of two checkpoints: real deltas
 };
 
 void run_sync_bench(const SyncBenchOptions& o) {
   init_logging("warn");
   Config c = load_config(o.config.config, o.config.overrides);
   if (o.codec_only) {
-    codec_speed(c.sync.sparse, c.model.d_model, threads_or_cores(c.sync.encode_threads));
+    codec_speed(c.sync.sparse, c.model.d_model, threads_or_cores(c.sync.encode_threads), c.sync.zstd_level());
     return;
   }
   const int N = o.nodes, E = static_cast<int>(c.model.n_experts);
   if (N < 1 || E % N != 0) raise(ErrorKind::Usage, "--nodes {} must divide the {} experts", N, E);
+  std::unique_ptr<RealWeights> real;
+  if (!o.from.empty() || !o.to.empty()) {
+    if (o.from.size() != o.to.size() || (o.from.size() != 1 && o.from.size() != static_cast<std::size_t>(N)))
+      raise(ErrorKind::Usage, "--from and --to take one file each, or one per node ({}); got {} and {}", N, o.from.size(),
+            o.to.size());
+    real = std::make_unique<RealWeights>();
+    for (std::size_t i = 0; i < o.from.size(); ++i) {
+      real->from.push_back(read_safetensors(o.from[i]));
+      real->to.push_back(read_safetensors(o.to[i]));
+    }
+    real->from_files = o.from;
+    real->to_files = o.to;
+  }
   const ParamCounts pc = count_params(c.model, E);
   const double S = static_cast<double>(pc.shared), X = static_cast<double>(pc.one_expert * c.model.n_layers);
   const Traffic ref = reference_star_traffic(S, X, N, E);
@@ -261,11 +339,16 @@ void run_sync_bench(const SyncBenchOptions& o) {
                   k.busiest_target > 0 ? (rb <= k.busiest_target ? " met" : " MISSED") : "");
     };
     row("by count", counted);
-    if (o.measure) row("measured", measure(c.model, N, k.e, k.e, k.sparse, 2));
+    if (o.measure) row("measured", measure(c.model, c.sync, N, k.e, k.e, k.sparse, 2, real.get()));
   }
   if (o.measure)
     std::printf("\nmeasured = gRPC payload bytes sent by the nodes' services in round 2 (round 1 of int8_delta and\n"
-                "sparse is fp32: it sets the shared baseline), %d in-process nodes on 127.0.0.1\n", N);
+                "sparse is fp32: it sets the shared baseline), %d in-process nodes on 127.0.0.1, sync.compression %s;\n"
+                "%s\n",
+                N, c.sync.zstd_level() > 0 ? fmt::format("zstd at level {}", c.sync.zstd_level()).c_str() : "none",
+                real ? fmt::format("weights of {} (round 1) and {} (round 2): a training run's deltas", o.from.front(),
+                                   o.to.front()).c_str()
+                     : "the deltas are Gaussian noise, which compresses less than a training run's (--from/--to)");
   std::printf("sparse: chunks of %lld values (sync.sparse.chunk); positions %d bits each, one fp32 scale per chunk;\n"
               "tensors under %lld values as int8 deltas (sync.sparse.dense_below); averaged slices at %s\n",
               static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits(),
@@ -275,7 +358,7 @@ void run_sync_bench(const SyncBenchOptions& o) {
   std::printf("sparse a%%,b%%: experts at a%%, shared contributions at b%% (sync.sparse.shared_density; 100%% = every value,\n"
               "no positions)\n");
   if (o.measure)
-    codec_speed(c.sync.sparse, d, threads_or_cores(c.sync.encode_threads));
+    codec_speed(c.sync.sparse, d, threads_or_cores(c.sync.encode_threads), c.sync.zstd_level());
 }
 
 }  // namespace
@@ -286,6 +369,11 @@ void add_bench_sync(CLI::App& bench) {
   add_config_options(*sync, o->config);
   sync->add_option("--nodes", o->nodes, "nodes N (must divide the experts)");
   sync->add_flag("!--count-only", o->measure, "only count; do not run rounds (for the paper shapes)");
+  sync->add_option("--from", o->from,
+                   "measure with real deltas: model.safetensors of a checkpoint of this config (one, or one per node) "
+                   "held in round 1 ...")
+      ->check(CLI::ExistingFile);
+  sync->add_option("--to", o->to, "... and of a later checkpoint, held in round 2")->check(CLI::ExistingFile);
   sync->add_flag("--codec", o->codec_only,
                  "only the codec's speed: encoding on 1 and sync.encode_threads threads (0 = every core), decoding");
   sync->callback([o] { run_sync_bench(*o); });

@@ -48,11 +48,13 @@ void write_seeds(const std::filesystem::path& dir) {
   const auto current = gather(m.params, ranges, [&](std::size_t i) { return m.params[i].data; });
   std::vector<float> values(current), baseline(current);
   for (auto& v : values) v *= 1.01f;
-  for (std::size_t e = 0; e < kEncodingCount; ++e) {
+  // Each encoding plain and with its pieces as zstd frames (sync.compression) where they shrink.
+  for (std::size_t seed = 0; seed < 2 * kEncodingCount; ++seed) {
+    const std::size_t e = seed % kEncodingCount;
     std::vector<float> decoded(values.size());
     auto stream = build_stream(header(), m.params, ranges, kEncodings[e], values.data(),
                                is_delta_encoding(kEncodings[e]) ? baseline.data() : nullptr, nullptr, 4096,
-                               decoded.data(), kSparse);
+                               decoded.data(), kSparse, 1, seed < kEncodingCount ? 0 : 1);
     std::string bytes(1, static_cast<char>(e));
     for (const auto& chunk : stream->chunks) {
       const std::string s = chunk.SerializeAsString();
@@ -60,7 +62,7 @@ void write_seeds(const std::filesystem::path& dir) {
       bytes.append(reinterpret_cast<const char*>(&n), 4);
       bytes += s;
     }
-    std::ofstream(dir / ("stream" + std::to_string(e)), std::ios::binary) << bytes;
+    std::ofstream(dir / ("stream" + std::to_string(seed)), std::ios::binary) << bytes;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "../../src/sync/compression.h"
 #include "../../src/sync/payload.h"
 #include "spes/sync/codec.h"
 #include "spes/sync/merge.h"
@@ -542,6 +543,85 @@ TEST(StreamValidation, SparsePartSendsSmallTensorsAsInt8Deltas) {
     EXPECT_NE(std::string(e.what()).find("'layers.0.input_layernorm.weight' uses encoding"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("expected sparse (configs differ?)"), std::string::npos) << e.what();
   }
+}
+
+// sync.compression: a piece whose bytes shrink goes as one zstd frame, and the receiver gets the
+// very values the uncompressed stream gives, for every encoding; bytes that do not shrink go as
+// they are.
+TEST(StreamCompression, PiecesThatShrinkGoAsZstdAndDecodeToTheSameValues) {
+  test::FakeModel m(1, 2, 16, 16, 40, 7);
+  const auto ranges = m.params.shared_slice(0, 1);
+  StreamHeader h;
+  h.run_id = "r";
+  h.round = 3;
+  h.sender = 1;
+  h.part = spes::v1::SHARED_RAW;
+  const auto baseline = sync_detail::gather(m.params, ranges, [&](std::size_t i) -> const float* { return m.params[i].data; });
+  // Every row of 16 moves alike, as the rows of an embedding do: structure a compressor finds.
+  std::vector<float> values = baseline;
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] += 0.01f * static_cast<float>(static_cast<int>(i / 16 % 3) - 1);
+  const SparseFormat whole{64, 64, 2, 0};  // every value at 2 bits (sync.sparse.shared_density 1)
+  const SparseFormat top{64, 8, 4, 0};
+  struct Case {
+    const char* name;
+    WireEncoding encoding;
+    SparseFormat sparse;
+  };
+  for (const Case& k : {Case{"fp32", WireEncoding::Fp32, {}}, Case{"int8_delta", WireEncoding::Int8Delta, {}},
+                        Case{"sparse whole", WireEncoding::Sparse, whole}, Case{"sparse top-k", WireEncoding::Sparse, top}}) {
+    SCOPED_TRACE(k.name);
+    std::vector<float> plain_decoded(values.size()), packed_decoded(values.size());
+    auto plain = build_stream(h, m.params, ranges, k.encoding, values.data(), baseline.data(), nullptr, 512,
+                              plain_decoded.data(), k.sparse, 1, 0);
+    auto packed = build_stream(h, m.params, ranges, k.encoding, values.data(), baseline.data(), nullptr, 512,
+                               packed_decoded.data(), k.sparse, 2, 1);
+    EXPECT_EQ(packed_decoded, plain_decoded);
+    ASSERT_EQ(packed->chunks.size(), plain->chunks.size());
+    int zstd = 0;
+    for (std::size_t i = 0; i < plain->chunks.size(); ++i) {
+      const auto& a = plain->chunks[i].piece();
+      const auto& b = packed->chunks[i].piece();
+      EXPECT_EQ(a.compression(), spes::v1::COMPRESSION_NONE);
+      if (b.compression() == spes::v1::ZSTD) {
+        ++zstd;
+        EXPECT_LT(b.data().size(), a.data().size() - a.data().size() / 32);
+      } else {
+        EXPECT_EQ(b.data(), a.data());
+      }
+    }
+    EXPECT_GT(zstd, 0);
+    EXPECT_LT(packed->bytes, plain->bytes);
+    auto receive = [&](const sync_detail::Stream& s) {
+      StreamReceiver rx(h, m.params, ranges, k.encoding, baseline, baseline, 10.0, k.sparse);
+      for (const auto& c : s.chunks) rx.add(c);
+      rx.finish();
+      return rx.values();
+    };
+    const auto got = receive(*packed);
+    EXPECT_EQ(got, receive(*plain));
+    EXPECT_EQ(got, plain_decoded);
+  }
+  // Random bytes do not shrink: left as they are.
+  std::mt19937 gen(5);
+  std::string noise(4096, '\0');
+  for (auto& ch : noise) ch = static_cast<char>(gen());
+  std::string copy = noise;
+  EXPECT_FALSE(sync_detail::compress_payload(copy, 3));
+  EXPECT_EQ(copy, noise);
+  // A frame holds exactly the bytes it says; any other expectation is refused by name.
+  std::string zeros(4096, '\0');
+  ASSERT_TRUE(sync_detail::compress_payload(zeros, 1));
+  EXPECT_EQ(sync_detail::decompress_payload(zeros, 4096, "t"), std::string(4096, '\0'));
+  try {
+    sync_detail::decompress_payload(zeros, 4000, "layers.0.q");
+    ADD_FAILURE() << "a frame of 4096 bytes was taken for 4000";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'layers.0.q' holds a zstd frame of 4096 bytes, expected 4000"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(sync_detail::decompress_payload(noise, 4096, "t"), Error);
+  std::string cut = zeros.substr(0, zeros.size() - 3);  // the frame's end missing
+  EXPECT_THROW(sync_detail::decompress_payload(cut, 4096, "t"), Error);
 }
 
 // ---- merge warm-up ----

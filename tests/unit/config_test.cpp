@@ -127,6 +127,7 @@ TEST(Config, SparseSettingsAreChecked) {
   EXPECT_TRUE(c.sync.sparse.local_experts);
   EXPECT_EQ(c.sync.sparse.dense_below, 4096);
   EXPECT_EQ(c.sync.encode_threads, 0);  // one per core
+  EXPECT_EQ(c.sync.zstd_level(), 1);     // sync.compression zstd at level 1
   EXPECT_EQ(c.sync.sparse.shared_k(), 4096);  // shared contributions whole by default
   EXPECT_DOUBLE_EQ(c.sync.sparse.shared_kept(4), 1.0);  // "whole"
   EXPECT_DOUBLE_EQ(parse_config(kMinimal, "m.yaml", [&] {
@@ -170,6 +171,8 @@ TEST(Config, SparseSettingsAreChecked) {
            {"sync.sparse.shared_density=1.5", "sync.sparse.shared_density", "[0, 1]"},
            {"sync.sparse.dense_below=-1", "sync.sparse.dense_below", "go as int8 deltas"},
            {"sync.encode_threads=-1", "sync.encode_threads", "0 (one per core) and 1024"},
+           {"sync.compression=gzip", "sync.compression", "zstd or none, not 'gzip'"},
+           {"sync.compression_level=0", "sync.compression_level", "between 1 and 19"},
            {"sync.sparse.local_shared=half", "sync.sparse.local_shared", "mean, whole or off, got 'half'"},
            {"sync.sparse.chunk=32", "sync.sparse.chunk", "between 64 and 65536"},
            {"sync.sparse.chunk=100000", "sync.sparse.chunk", "between 64 and 65536"},

@@ -102,7 +102,7 @@ struct Cluster {
 };
 
 TEST(SyncEngine, FourNodesHoldTheSpesResultBitForBit) {
-  Cluster c(4);
+  Cluster c(4, std::string(kInsecure) + "  compression: none\n");  // bytes checked against the fp32 count below
   for (std::uint64_t r = 1; r <= 2; ++r) {
     auto reports = c.round(r);
     const auto want = c.expected({0, 1, 2, 3}, 4);
@@ -387,7 +387,7 @@ TEST(SyncEngine, DeadPeerIsSkippedAndTheOthersFinish) {
 }
 
 TEST(SyncEngine, AStreamCutMidwayResumesAtTheChunkItReached) {
-  const std::string extra = std::string(kInsecure) + "  chunk_bytes: 4096\n";  // many chunks per stream
+  const std::string extra = std::string(kInsecure) + "  chunk_bytes: 4096\n  compression: none\n";  // many chunks per stream
   // The reference: the same two nodes over a direct link.
   Cluster direct(2, extra);
   const auto want = direct.round(1);

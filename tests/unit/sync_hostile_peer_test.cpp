@@ -18,6 +18,7 @@
 #include <memory>
 #include <thread>
 
+#include "../../src/sync/compression.h"
 #include "../../src/sync/transport.h"
 #include "spes/sync/codec.h"
 #include "spes/sync/engine.h"
@@ -90,7 +91,9 @@ class FakePeer final : public spes::v1::SyncService::Service {
 };
 
 Config node_config(int id, const std::vector<int>& ports, double round_timeout_s) {
-  Config c = parse_config(test::node_yaml(id, ports, "  insecure: true\n  chunk_bytes: 4096\n"), fmt::format("node{}.yaml", id));
+  // Uncompressed, so that the tampering below can edit the values in place.
+  Config c = parse_config(test::node_yaml(id, ports, "  insecure: true\n  chunk_bytes: 4096\n  compression: none\n"),
+                          fmt::format("node{}.yaml", id));
   c.sync.round_timeout_s = round_timeout_s;
   return c;
 }
@@ -112,6 +115,27 @@ std::vector<Tamper> tampers() {
                each([](auto& c) { edit_floats(c, [](float v) { return v * 1000.0f; }); })});
   t.push_back({"corrupt payload", "checksum", each([](auto& c) {
                  if (c.has_piece() && !c.piece().data().empty()) (*c.mutable_piece()->mutable_data())[0] ^= 0x5a;
+               })});
+  // Compression: the flag on bytes that are no zstd frame, a frame of more bytes than the piece's
+  // encoding takes, and a compression this node does not know.
+  auto recrc = [](spes::v1::TensorPiece* p) { p->set_crc32(crc32_of(p->data().data(), p->data().size())); };
+  t.push_back({"raw bytes marked zstd", "not a zstd frame", each([recrc](auto& c) {
+                 if (!c.has_piece()) return;
+                 c.mutable_piece()->set_compression(spes::v1::ZSTD);
+                 recrc(c.mutable_piece());
+               })});
+  t.push_back({"zstd frame of another size", "holds a zstd frame of", each([recrc](auto& c) {
+                 if (!c.has_piece()) return;
+                 std::string data = c.piece().data() + std::string(4096, '\0');  // compressible whatever the values
+                 ASSERT_TRUE(sync_detail::compress_payload(data, 1));
+                 c.mutable_piece()->set_data(data);
+                 c.mutable_piece()->set_compression(spes::v1::ZSTD);
+                 recrc(c.mutable_piece());
+               })});
+  t.push_back({"unknown compression", "unknown compression", each([recrc](auto& c) {
+                 if (!c.has_piece()) return;
+                 c.mutable_piece()->set_compression(static_cast<spes::v1::Compression>(7));
+                 recrc(c.mutable_piece());
                })});
   t.push_back({"wrong encoding header", "uses encoding", each([](auto& c) {
                  if (c.has_piece()) c.mutable_piece()->set_encoding(spes::v1::BF16);

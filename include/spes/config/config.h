@@ -173,6 +173,11 @@ struct SyncConfig : Credentials {
   // Threads that encode a round's payloads (top-k, quantization, error feedback); 0 = one per
   // core. The bytes on the wire are the same at any count.
   int encode_threads = 0;
+  // Lossless packing of every piece's bytes on top of its encoding: "zstd" (at compression_level,
+  // 1..19; a piece that would not shrink goes as it is) or "none".
+  std::string compression = "zstd";
+  int compression_level = 1;
+  int zstd_level() const { return compression == "zstd" ? compression_level : 0; }  // 0 = none
   double round_timeout_s = 600;        // a peer not answering within this is skipped this round
   // Adaptive deadline (docs/protocol.md, "Round deadline"): a round's deadline is deadline_factor ×
   // the slowest recent clean round, at least min_round_timeout_s and at most round_timeout_s

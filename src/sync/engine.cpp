@@ -150,11 +150,12 @@ struct SyncEngine::Impl {
     server = std::make_unique<SyncServer>(transport, store);
     const auto& me = config.sync.peers[self];
     server->start(config.sync.listen.empty() ? me.address : config.sync.listen);
-    spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps{}, shared {}, experts {}",
+    spdlog::info("sync: node {} of {} serving on port {} ({}), run '{}', every {} steps{}, shared {}, experts {}{}",
                  config.run.node_id, n, server->port(), security_name(transport), transport.run_id,
                  config.sync.every,
                  fragments > 1 ? fmt::format(" in {} fragments (a round every {} steps)", fragments, config.sync.period()) : "",
-                 wire_encoding_name(config.sync.shared_encoding), wire_encoding_name(config.sync.expert_encoding));
+                 wire_encoding_name(config.sync.shared_encoding), wire_encoding_name(config.sync.expert_encoding),
+                 config.sync.zstd_level() > 0 ? fmt::format(", zstd {}", config.sync.zstd_level()) : "");
     if (transport.insecure)
       spdlog::warn("sync: sync.insecure is set: weights and the run token travel unencrypted");
   }

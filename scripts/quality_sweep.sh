@@ -219,6 +219,10 @@ for v in $variants; do
   plot+="${plot:+, }'$OUT/gaps.tsv' index $i using 2:3:4 with yerrorlines lw 2 pt 7 title '$v'"
   i=$(( i + 1 ))
 done
+if [[ -z $plot ]]; then
+  echo "no plot: no variant has its centralized run (same accum and seed) in $OUT yet"
+  exit 0
+fi
 gnuplot <<GP
 set terminal pngcairo size 900,560 font ",11"
 set output '$OUT/quality-vs-batch.png'

@@ -485,18 +485,28 @@ TEST(StreamValidation, Int8DeltaAgainstAnotherBaselineIsRejected) {
   EXPECT_THROW(bad.add(s->chunks[0]), Error);
 }
 
+// A small model's whole shared part as node 1's SHARED_RAW stream of round 3; its current values
+// are the baseline the tests' deltas are against.
+struct SharedPartCase {
+  test::FakeModel m{1, 2, 16, 16, 40, 7};  // embed/lm_head 640, q 256, router 32, norm 16 values
+  std::vector<ParamRange> ranges = m.params.shared_slice(0, 1);
+  StreamHeader h = [] {
+    StreamHeader header;
+    header.run_id = "r";
+    header.round = 3;
+    header.sender = 1;
+    header.part = spes::v1::SHARED_RAW;
+    return header;
+  }();
+  std::vector<float> baseline =
+      sync_detail::gather(m.params, ranges, [this](std::size_t i) -> const float* { return m.params[i].data; });
+};
+
 // sync.sparse.dense_below: in a sparse part, a tensor of fewer values (norms, the router) goes whole
 // as int8 deltas; every other tensor sparse. Both sides derive it from the tensor's size.
 TEST(StreamValidation, SparsePartSendsSmallTensorsAsInt8Deltas) {
-  test::FakeModel m(1, 2, 16, 16, 40, 7);  // embed/lm_head 640, q 256, router 32, norm 16 values
-  const auto ranges = m.params.shared_slice(0, 1);
-  StreamHeader h;
-  h.run_id = "r";
-  h.round = 3;
-  h.sender = 1;
-  h.part = spes::v1::SHARED_RAW;
-  auto from_model = [&](std::size_t i) -> const float* { return m.params[i].data; };
-  const auto baseline = sync_detail::gather(m.params, ranges, from_model);
+  const SharedPartCase shared;
+  const auto& [m, ranges, h, baseline] = shared;
   std::vector<float> values = baseline, decoded(values.size());
   std::mt19937 gen(3);
   std::normal_distribution<float> delta(0.0f, 0.01f);
@@ -549,14 +559,8 @@ TEST(StreamValidation, SparsePartSendsSmallTensorsAsInt8Deltas) {
 // very values the uncompressed stream gives, for every encoding; bytes that do not shrink go as
 // they are.
 TEST(StreamCompression, PiecesThatShrinkGoAsZstdAndDecodeToTheSameValues) {
-  test::FakeModel m(1, 2, 16, 16, 40, 7);
-  const auto ranges = m.params.shared_slice(0, 1);
-  StreamHeader h;
-  h.run_id = "r";
-  h.round = 3;
-  h.sender = 1;
-  h.part = spes::v1::SHARED_RAW;
-  const auto baseline = sync_detail::gather(m.params, ranges, [&](std::size_t i) -> const float* { return m.params[i].data; });
+  const SharedPartCase shared;
+  const auto& [m, ranges, h, baseline] = shared;
   // Every row of 16 moves alike, as the rows of an embedding do: structure a compressor finds.
   std::vector<float> values = baseline;
   for (std::size_t i = 0; i < values.size(); ++i) values[i] += 0.01f * static_cast<float>(static_cast<int>(i / 16 % 3) - 1);

@@ -30,7 +30,10 @@
 #   sparse-sh1 experts at 2%, the shared contributions and averages whole (sync.sparse.shared_density 1:
 #             every value at 2 bits, a least-squares scale per chunk);  sparse1-sh1, sparse5-sh1: experts
 #             at 1%, 5%;  sparse-sh1-4b: everything at 4 bits;  sparse-sh1-c1k, sparse-sh1-c256: chunks of
-#             1024 / 256 values (sync.sparse.chunk: a scale per chunk, positions of 10 / 8 bits)
+#             1024 / 256 values (sync.sparse.chunk: a scale per chunk, positions of 10 / 8 bits);
+#             sparse-sh1-m, sparse-sh1-off: a node's weights keep 1/4 of its shared remainder (local_shared
+#             mean) or none of it (off);  sparse-sh1-a4: the averages published at 4 bits
+#             (sync.sparse.average_bits);  sparse-sh1-m-a4: both
 #   sparse-d0 every tensor sparse, however small (sync.sparse.dense_below 0; the default sends
 #             tensors under 4096 values, router and norms here, as int8 deltas)
 #   sparse-xe sparse for the experts only (shared parameters int8);  sparse-xs: for the shared only;
@@ -100,7 +103,7 @@ run_one() {
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
-    local every=20 alpha=0.05 encoding=fp32 density=0.02 local_e=true local_s=whole avg=nodes bits=2 decay=1 factor=$EXPERT_FACTOR shared=mean poison="" lr="" enc_e="" enc_s="" dense=4096 shd=0 chunk=4096
+    local every=20 alpha=0.05 encoding=fp32 density=0.02 local_e=true local_s=whole avg=nodes bits=2 decay=1 factor=$EXPERT_FACTOR shared=mean poison="" lr="" enc_e="" enc_s="" dense=4096 shd=0 chunk=4096 avg_bits=0
     case $variant in
       spes) ;;
       norobust) factor=0 ;;
@@ -140,9 +143,13 @@ run_one() {
       sparse-sh1-4b) encoding=sparse shd=1 avg=1 bits=4 ;;
       sparse-sh1-c1k) encoding=sparse shd=1 avg=1 chunk=1024 ;;
       sparse-sh1-c256) encoding=sparse shd=1 avg=1 chunk=256 ;;
+      sparse-sh1-m) encoding=sparse shd=1 avg=1 local_s=mean ;;
+      sparse-sh1-off) encoding=sparse shd=1 avg=1 local_s=off ;;
+      sparse-sh1-a4) encoding=sparse shd=1 avg=1 avg_bits=4 ;;
+      sparse-sh1-m-a4) encoding=sparse shd=1 avg=1 local_s=mean avg_bits=4 ;;
       sparse-xs-d1) encoding=sparse enc_e=int8_delta density=1 avg=1 ;;
       sparse-xs-d1-4b) encoding=sparse enc_e=int8_delta density=1 avg=1 bits=4 ;;
-      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 sparse-4b sparse-d9 sparse-a1 sparse-a2 sparse5-a1 sparse-4b-a1 sparse-d9-a1 sparse-m sparse-md9 sparse-md95 sparse-ls sparse-le sparse-b sparse-bd9 sparse-d0 sparse-sh1 sparse1-sh1 sparse5-sh1 sparse-sh1-4b sparse-sh1-c1k sparse-sh1-c256 sparse-xe sparse-xs sparse-xs-d1 sparse-xs-d1-4b norobust" \
+      *) echo "unknown variant '$variant' (central spes nowarmup int8 h50 h10 h5 lrhalf sparse sparse5 sparse-4b sparse-d9 sparse-a1 sparse-a2 sparse5-a1 sparse-4b-a1 sparse-d9-a1 sparse-m sparse-md9 sparse-md95 sparse-ls sparse-le sparse-b sparse-bd9 sparse-d0 sparse-sh1 sparse1-sh1 sparse5-sh1 sparse-sh1-4b sparse-sh1-c1k sparse-sh1-c256 sparse-sh1-m sparse-sh1-off sparse-sh1-a4 sparse-sh1-m-a4 sparse-xe sparse-xs sparse-xs-d1 sparse-xs-d1-4b norobust" \
               "trimmed poisonx poisonx-r poisons poisons-r)" >&2; exit 2 ;;
     esac
     [[ $avg == nodes ]] && avg=$(python3 -c "print(min(1.0, 4 * $density))")
@@ -150,7 +157,7 @@ run_one() {
     for kv in "${common[@]}" train.batch_size="$batch" run.threads="$NODE_THREADS" sync.every="$every" \
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
               sync.encoding.shared="${enc_s:-$encoding}" sync.encoding.experts="${enc_e:-$encoding}" sync.sparse.density="$density" \
-              sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" sync.sparse.dense_below="$dense" sync.sparse.shared_density="$shd" sync.sparse.chunk="$chunk" \
+              sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" sync.sparse.dense_below="$dense" sync.sparse.shared_density="$shd" sync.sparse.chunk="$chunk" sync.sparse.average_bits="$avg_bits" \
               sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug \
               ${lr:+optim.lr=$lr}; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'

@@ -43,6 +43,7 @@ double SparseConfig::shared_kept(int nodes) const {
   if (local_shared == "whole") return 1.0;
   return local_shared == "mean" ? 1.0 / std::max(nodes, 1) : 0.0;
 }
+int SparseConfig::bits_of_averages() const { return average_bits > 0 ? average_bits : bits; }
 std::int64_t SparseConfig::average_k(int nodes) const {
   return values_per_chunk(average_density > 0 ? average_density : contribution_density() * std::max(nodes, 1), chunk);
 }
@@ -327,6 +328,7 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   sparse.get("local_experts", c.sparse.local_experts);
   sparse.get("local_shared", c.sparse.local_shared);
   sparse.get("average_density", c.sparse.average_density);
+  sparse.get("average_bits", c.sparse.average_bits);
   sparse.get("decay", c.sparse.decay);
   sparse.get("dense_below", c.sparse.dense_below);
   sparse.finish();
@@ -335,6 +337,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (!(c.sparse.shared_density >= 0 && c.sparse.shared_density <= 1))
     sparse.fail("shared_density", "must be in [0, 1]: the share of each chunk of shared contributions sent (0 = density)");
   if (c.sparse.bits != 2 && c.sparse.bits != 4 && c.sparse.bits != 8) sparse.fail("bits", "must be 2, 4 or 8");
+  if (c.sparse.average_bits != 0 && c.sparse.average_bits != 2 && c.sparse.average_bits != 4 && c.sparse.average_bits != 8)
+    sparse.fail("average_bits", "must be 0 (= bits), 2, 4 or 8");
   if (c.sparse.local_shared != "mean" && c.sparse.local_shared != "whole" && c.sparse.local_shared != "off")
     sparse.fail("local_shared", fmt::format("must be mean, whole or off, got '{}'", c.sparse.local_shared));
   if (!(c.sparse.decay > 0 && c.sparse.decay <= 1))

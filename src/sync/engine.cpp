@@ -213,11 +213,15 @@ struct SyncEngine::Impl {
   }
 
   // Each part's share of a chunk: experts sync.sparse.density, shared contributions
-  // shared_density, averaged slices up to every position their contributors sent (average_density).
+  // shared_density, averaged slices up to every position their contributors sent (average_density),
+  // at average_bits.
   SparseFormat sparse_format(spes::v1::Part part) const {
     SparseFormat f = SparseFormat::of(config.sync.sparse);
     if (part == spes::v1::SHARED_RAW) f.k = config.sync.sparse.shared_k();
-    if (part == spes::v1::SHARED_AVERAGED) f.k = config.sync.sparse.average_k(n);
+    if (part == spes::v1::SHARED_AVERAGED) {
+      f.k = config.sync.sparse.average_k(n);
+      f.bits = config.sync.sparse.bits_of_averages();
+    }
     return f;
   }
 

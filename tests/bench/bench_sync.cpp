@@ -131,6 +131,14 @@ struct RealWeights {
 // `sync`: the config's sync section, for its compression.
 Traffic measure(const ModelConfig& model, const SyncConfig& sync, int N, WireEncoding shared, WireEncoding experts,
                 const SparseConfig& sparse, int rounds, const RealWeights* real) {
+  // The in-process nodes talk over loopback without TLS: their "sync.insecure" warnings (one per
+  // node and row) would bury the table. Errors still show.
+  const auto log_level = spdlog::get_level();
+  spdlog::set_level(std::max(log_level, spdlog::level::err));
+  struct RestoreLevel {
+    spdlog::level::level_enum level;
+    ~RestoreLevel() { spdlog::set_level(level); }
+  } restore{log_level};
   std::vector<int> ports;
   std::string peers;
   for (int i = 0; i < N; ++i) {
@@ -145,11 +153,11 @@ Traffic measure(const ModelConfig& model, const SyncConfig& sync, int N, WireEnc
         "run: {{name: bench, node_id: {}}}\nmodel: {{vocab_size: {}, d_model: {}, n_layers: {}, n_heads: {}, "
         "n_kv_heads: {}, d_ff: {}, n_experts: {}, top_k: {}}}\nmerge: {{alpha: 0}}\n"
         "sync:\n  every: 1\n  insecure: true\n  token: bench\n  encoding: {{shared: {}, experts: {}}}\n"
-        "  sparse: {{chunk: {}, density: {}, shared_density: {}, bits: {}, dense_below: {}, average_density: {}}}\n"
+        "  sparse: {{chunk: {}, density: {}, shared_density: {}, bits: {}, dense_below: {}, average_density: {}, average_bits: {}}}\n"
         "  compression: {}\n  compression_level: {}\n  peers:\n{}",
         i, model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads(), model.d_ff,
         model.n_experts, model.top_k, wire_encoding_name(shared), wire_encoding_name(experts), sparse.chunk,
-        sparse.density, sparse.shared_density, sparse.bits, sparse.dense_below, sparse.average_density,
+        sparse.density, sparse.shared_density, sparse.bits, sparse.dense_below, sparse.average_density, sparse.average_bits,
         sync.compression, sync.compression_level, peers);
     engines.push_back(std::make_unique<SyncEngine>(parse_config(yaml, "bench"), buffers[i]->params));
   }
@@ -302,37 +310,43 @@ void run_sync_bench(const SyncBenchOptions& o) {
               format_count(S).c_str(), E, format_count(X).c_str(), N, E / N);
   std::printf("reference star (fp32): total %s per round, busiest link (server downlink) %s\n\n",
               format_bytes(ref.total).c_str(), format_bytes(ref.busiest).c_str());
-  std::printf("%-29s %12s %8s %12s %8s   %s\n", "encoding (experts,shared %)", "total", "vs ref", "busiest", "vs ref",
+  std::printf("%-32s %12s %8s %12s %8s   %s\n", "encoding (experts,shared %)", "total", "vs ref", "busiest", "vs ref",
               "target total / busiest");
   struct Case {
     WireEncoding e;
     double total_target, busiest_target;
     SparseConfig sparse;
   };
-  // Experts at `density`, the shared contributions at `shared_density` (< 0: the same).
-  auto sparse = [&](double density, int bits, double shared_density = -1) {
+  // Experts at `density`, the shared contributions at `shared_density` (< 0: the same), the
+  // averages at `average_bits` (0: the configuration's sync.sparse.average_bits).
+  auto sparse = [&](double density, int bits, double shared_density = -1, int average_bits = 0) {
     SparseConfig s = c.sync.sparse;
     s.density = density;
     s.bits = bits;
     s.shared_density = shared_density < 0 ? density : shared_density;
+    if (average_bits > 0) s.average_bits = average_bits;
     return Case{WireEncoding::Sparse, 0.02, 0.01, s};
   };
   const std::int64_t d = c.model.d_model;
   for (const Case& k : {Case{WireEncoding::Fp32, 0.70, 0.25, {}}, Case{WireEncoding::Bf16, 0.35, 0.0, {}},
                         Case{WireEncoding::Int8Delta, 0.20, 1.0 / 12, {}}, sparse(0.01, 2), sparse(0.02, 2),
                         sparse(0.05, 2), sparse(0.01, 4), sparse(0.02, 4), sparse(0.05, 4), sparse(0.01, 2, 1),
-                        sparse(0.02, 2, 1), sparse(0.02, 4, 1)}) {
+                        sparse(0.02, 2, 1), sparse(0.02, 2, 1, 4), sparse(0.02, 4, 1)}) {
     const SparseConfig& sp = k.sparse;
+    SparseConfig averages = sp;
+    averages.bits = sp.bits_of_averages();
     const Traffic counted = spes_traffic(S, X, N, E, part_value_bytes(c.model, false, k.e, sp, sp.shared_k()),
                                          part_value_bytes(c.model, true, k.e, sp, sp.k()),
-                                         part_value_bytes(c.model, false, k.e, sp, sp.average_k(N)));
+                                         part_value_bytes(c.model, false, k.e, averages, averages.average_k(N)));
     std::string name = wire_encoding_name(k.e);
-    if (k.e == WireEncoding::Sparse)
+    if (k.e == WireEncoding::Sparse) {
       name = sp.shared_density != sp.density ? fmt::format("sparse {:g}%,{:g}% {}b", 100 * sp.density, 100 * sp.shared_density, sp.bits)
                                    : fmt::format("sparse {:g}% {}b", 100 * sp.density, sp.bits);
+      if (averages.bits != sp.bits) name += fmt::format("/{}b", averages.bits);
+    }
     auto row = [&](const char* how, const Traffic& t) {
       const double rt = t.total / ref.total, rb = t.busiest / ref.busiest;
-      std::printf("%-18s %-10s %12s %7.4f× %12s %7.4f×   ≤ %.2f%s / %s%s\n", name.c_str(), how,
+      std::printf("%-21s %-10s %12s %7.4f× %12s %7.4f×   ≤ %.2f%s / %s%s\n", name.c_str(), how,
                   format_bytes(t.total).c_str(), rt, format_bytes(t.busiest).c_str(), rb, k.total_target,
                   rt <= k.total_target ? " met" : " MISSED",
                   k.busiest_target > 0 ? fmt::format("≤ {:.3f}", k.busiest_target).c_str() : "-",
@@ -350,13 +364,14 @@ void run_sync_bench(const SyncBenchOptions& o) {
                                    o.to.front()).c_str()
                      : "the deltas are Gaussian noise, which compresses less than a training run's (--from/--to)");
   std::printf("sparse: chunks of %lld values (sync.sparse.chunk); positions %d bits each, one fp32 scale per chunk;\n"
-              "tensors under %lld values as int8 deltas (sync.sparse.dense_below); averaged slices at %s\n",
+              "tensors under %lld values as int8 deltas (sync.sparse.dense_below); averaged slices at %s, %d bits\n",
               static_cast<long long>(c.sync.sparse.chunk), SparseFormat::of(c.sync.sparse).index_bits(),
               static_cast<long long>(c.sync.sparse.dense_below),
               c.sync.sparse.average_density > 0 ? fmt::format("{:g}% of each chunk", 100 * c.sync.sparse.average_density).c_str()
-                                                : fmt::format("{} x the contributions' density (sync.sparse.average_density 0)", N).c_str());
-  std::printf("sparse a%%,b%%: experts at a%%, shared contributions at b%% (sync.sparse.shared_density; 100%% = every value,\n"
-              "no positions)\n");
+                                                : fmt::format("{} x the contributions' density (sync.sparse.average_density 0)", N).c_str(),
+              c.sync.sparse.bits_of_averages());
+  std::printf("sparse a%%,b%% Cb/Ab: experts at a%%, shared contributions at b%% (sync.sparse.shared_density; 100%% = every\n"
+              "value, no positions), C bits, the averages at A bits where they differ (sync.sparse.average_bits)\n");
   if (o.measure)
     codec_speed(c.sync.sparse, d, threads_or_cores(c.sync.encode_threads), c.sync.zstd_level());
 }

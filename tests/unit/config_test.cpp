@@ -151,6 +151,13 @@ TEST(Config, SparseSettingsAreChecked) {
               return v;
             }()).sync.sparse.average_k(4),
             41);
+  EXPECT_EQ(topk.sync.sparse.bits_of_averages(), 2);  // average_bits 0: the contributions' bits
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", [&] {
+              auto v = sync;
+              v.push_back("sync.sparse.average_bits=4");
+              return v;
+            }()).sync.sparse.bits_of_averages(),
+            4);
   EXPECT_EQ(parse_config(kMinimal, "m.yaml", [&] {  // fragments carry sparse payloads too
               auto v = sync;
               v.push_back("sync.fragments=2");
@@ -164,6 +171,7 @@ TEST(Config, SparseSettingsAreChecked) {
   };
   for (const auto& [kv, key, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"sync.sparse.bits=3", "sync.sparse.bits", "2, 4 or 8"},
+           {"sync.sparse.average_bits=1", "sync.sparse.average_bits", "0 (= bits), 2, 4 or 8"},
            {"sync.sparse.density=0", "sync.sparse.density", "(0, 1]"},
            {"sync.sparse.density=1.5", "sync.sparse.density", "(0, 1]"},
            {"sync.sparse.decay=0", "sync.sparse.decay", "(0, 1]"},

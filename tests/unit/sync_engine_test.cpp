@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <future>
 #include <memory>
 #include <thread>
@@ -167,7 +168,9 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
     EXPECT_EQ(sent, received) << enc;
     EXPECT_GT(sent[enc], 0u) << enc;
     EXPECT_EQ(sent.count("fp32"), std::string(enc) == "bf16" ? 0u : 1u) << enc;
-    if (sparse) EXPECT_GT(sent["int8_delta"], 0u);  // norms and routers (under sync.sparse.dense_below)
+    if (sparse) {
+      EXPECT_GT(sent["int8_delta"], 0u);  // norms and routers (under sync.sparse.dense_below)
+    }
   }
 }
 
@@ -177,13 +180,17 @@ TEST(SyncEngine, LossyEncodingsStayBitIdenticalAcrossNodes) {
 // sync.sparse.local_experts each owner keeps its experts' whole update between rounds (a round
 // leaves them as they were) while every other node holds one identical copy.
 TEST(SyncEngine, SparseRemaindersReachTheLastRoundInBuffersOrInTheWeights) {
-  // "whole1": the shared contributions and averages sent whole (sync.sparse.shared_density 1).
-  for (const std::string shared : {"off", "mean", "whole", "whole1"}) {
+  // "whole1": the shared contributions and averages sent whole (sync.sparse.shared_density 1);
+  // "whole1a4": the same with the averages at 4 bits (sync.sparse.average_bits).
+  std::map<std::string, std::uint64_t> sparse_bytes;
+  for (const std::string shared : {"off", "mean", "whole", "whole1", "whole1a4"}) {
     const bool local = shared != "off";
+    const bool whole1 = shared.rfind("whole1", 0) == 0;
     const std::string yaml = fmt::format(
         "{}  encoding: {{shared: sparse, experts: sparse}}\n"
-        "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: {}, local_shared: {}, shared_density: {}, dense_below: 100}}\n",
-        kInsecure, local, shared.substr(0, 5), shared == "whole1" ? 1 : 0);
+        "  sparse: {{chunk: 256, density: 0.05, bits: 2, local_experts: {}, local_shared: {}, shared_density: {}, "
+        "dense_below: 100, average_bits: {}}}\n  compression: none\n",  // bytes compared below; the perturbations repeat
+        kInsecure, local, shared.substr(0, 5), whole1 ? 1 : 0, shared == "whole1a4" ? 4 : 0);
     constexpr std::uint64_t kRounds = 4;
     Cluster c(4, yaml, {}, 20, 1, [](Config& cfg) { cfg.train.steps = kRounds; });
     const ParamSet& P = c.models[0]->params;
@@ -206,7 +213,9 @@ TEST(SyncEngine, SparseRemaindersReachTheLastRoundInBuffersOrInTheWeights) {
             ideal[t][x] += static_cast<float>(u);
           }
       }
-      c.round(r);
+      for (const auto& rep : c.round(r)) {  // every payload accepted (the averages' bits included)
+        EXPECT_TRUE(rep.skipped.empty()) << shared << " round " << r << ": " << rep.skipped[0].reason;
+      }
       if (r == 1) ideal = c.models[0]->values();  // fp32 (no baseline yet): the SPES result everywhere
       if (r == 1 || r == kRounds) {
         for (int i = 1; i < 4; ++i) EXPECT_EQ(c.models[i]->values(), c.models[0]->values()) << "round " << r << " node " << i;
@@ -236,7 +245,19 @@ TEST(SyncEngine, SparseRemaindersReachTheLastRoundInBuffersOrInTheWeights) {
       for (std::size_t x = 0; x < ideal[t].size(); ++x)
         worst = std::max(worst, std::fabs(double(ideal[t][x]) - c.models[0]->storage[t][x]));
     EXPECT_LT(worst, 1e-5) << "local_shared " << shared;
+    for (const auto& e : c.engines) sparse_bytes[shared] += e->bytes_sent_by_encoding().at("sparse");
   }
+  // Averages at 4 bits: 2 more bits for every averaged value a node receives — each slice goes
+  // to the 3 nodes that do not aggregate it, in the 2 sparse rounds (the first and last are
+  // fp32); only the shared tensors of dense_below (100) values or more are sparse.
+  std::int64_t sparse_shared = 0;
+  const FakeModel shapes(test::kLayers, test::kExperts, test::kDim, test::kFf, test::kVocab, 1);
+  for (std::size_t t = 0; t < shapes.params.size(); ++t)
+    if (!shapes.params[t].is_expert() && shapes.params[t].numel >= 100) sparse_shared += shapes.params[t].numel;
+  const double extra = 2.0 * 3 * static_cast<double>(sparse_shared) * 2 / 8;
+  const double got = static_cast<double>(sparse_bytes["whole1a4"]) - static_cast<double>(sparse_bytes["whole1"]);
+  EXPECT_GE(got, extra);
+  EXPECT_LE(got, 1.03 * extra);  // a chunk's last byte rounds up
 }
 
 // int8 deltas are against the last round's weights; a node that missed a round holds other
@@ -311,7 +332,9 @@ TEST(SyncEngine, FragmentsSyncOnePartPerRoundAndTheWholeModelLast) {
     const auto want = c.expected({0, 1, 2, 3}, 4);
     for (int i = 0; i < 4; ++i) {
       EXPECT_TRUE(c.models[i]->values() == c.models[0]->values()) << enc << " node " << i;
-      if (std::string(enc) == "fp32") EXPECT_TRUE(c.models[i]->values() == want) << "node " << i;
+      if (std::string(enc) == "fp32") {
+        EXPECT_TRUE(c.models[i]->values() == want) << "node " << i;
+      }
     }
     // And a fragment's round after it agrees everywhere again (int8: baselines from the whole
     // round, no payload rejected).

@@ -118,6 +118,9 @@ struct SparseConfig {
   // average waits in its buffer (docs/quality.md: 300 steps, +6.9% against +11.2% over fp32 at
   // the same density as the contributions).
   double average_density = 0;
+  // Bits per value of the averaged slices (2, 4 or 8); 0 = `bits`. Every node applies the published
+  // average, so its quantization error reaches all of them (docs/quality.md, "Sparse payloads").
+  int average_bits = 0;
   // Each round the error-feedback buffers are multiplied by `decay` before the new update joins
   // them (SparseLoCo's beta): what waited too long fades instead of arriving all at once. 1 = off.
   double decay = 1;
@@ -129,6 +132,7 @@ struct SparseConfig {
   std::int64_t shared_k() const;               // the same for a node's shared contributions
   std::int64_t average_k(int nodes) const;     // the same for averaged slices among `nodes`
   double shared_kept(int nodes) const;         // share of a node's shared remainder in its weights
+  int bits_of_averages() const;                // average_bits, or bits where it is 0
 };
 
 // Robust merging (sync.robust, docs/security.md): bounds on what one peer can do to a merge.

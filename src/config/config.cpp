@@ -336,8 +336,9 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (!(c.sparse.density > 0 && c.sparse.density <= 1)) sparse.fail("density", "must be in (0, 1]: the share of each chunk sent");
   if (!(c.sparse.shared_density >= 0 && c.sparse.shared_density <= 1))
     sparse.fail("shared_density", "must be in [0, 1]: the share of each chunk of shared contributions sent (0 = density)");
-  if (c.sparse.bits != 2 && c.sparse.bits != 4 && c.sparse.bits != 8) sparse.fail("bits", "must be 2, 4 or 8");
-  if (c.sparse.average_bits != 0 && c.sparse.average_bits != 2 && c.sparse.average_bits != 4 && c.sparse.average_bits != 8)
+  auto codable = [](int bits) { return bits == 2 || bits == 4 || bits == 8; };  // what the codec packs
+  if (!codable(c.sparse.bits)) sparse.fail("bits", "must be 2, 4 or 8");
+  if (c.sparse.average_bits != 0 && !codable(c.sparse.average_bits))
     sparse.fail("average_bits", "must be 0 (= bits), 2, 4 or 8");
   if (c.sparse.local_shared != "mean" && c.sparse.local_shared != "whole" && c.sparse.local_shared != "off")
     sparse.fail("local_shared", fmt::format("must be mean, whole or off, got '{}'", c.sparse.local_shared));

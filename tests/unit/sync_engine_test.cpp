@@ -8,8 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <memory>
 #include <thread>
 

@@ -55,15 +55,23 @@
 #
 # usage: scripts/quality_sweep.sh [STEPS]              (default 100)
 #        scripts/quality_sweep.sh --report             (table and plot of what is done, no runs)
+#        scripts/quality_sweep.sh --archive            (copy SWEEP_OUT's finished runs into SWEEP_ARCHIVE)
+# The report also takes the runs kept in SWEEP_ARCHIVE (a JSON line per run: its final.json plus
+# "source", the sweep folder's name), e.g. docs/data/quality-runs.jsonl, the runs behind
+# docs/quality.md's curve and plot. A variant's gap is taken against the centralized run of the
+# same accum and seed from its own source, else from the first source that has one.
 # env:   SWEEP_OUT (runs/quality-sweep), SWEEP_CONFIG (configs/tiny.yaml), SWEEP_NODE_BATCH (8),
 #        SWEEP_ACCUMS ("1 4 16 64"), SWEEP_VARIANT_ACCUMS (the largest accum),
 #        SWEEP_VARIANTS ("nowarmup int8 h50"), SWEEP_SEEDS ("1 2"),
+#        SWEEP_ARCHIVE (none), SWEEP_PLOT_VARIANTS (every variant; e.g. "spes h5 int8"),
 #        SWEEP_POISON_FROM (4), SWEEP_EXPERT_FACTOR (2.5), SPES_BIN (./build/spes; a copy, so that rebuilding mid-sweep changes nothing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/quality_lib.sh
 REPORT_ONLY=0
 if [[ ${1:-} == --report ]]; then REPORT_ONLY=1; shift; fi
+ARCHIVE_ONLY=0
+if [[ ${1:-} == --archive ]]; then ARCHIVE_ONLY=1; REPORT_ONLY=1; shift; fi
 STEPS=${1:-100}
 OUT=${SWEEP_OUT:-runs/quality-sweep}
 CONFIG=${SWEEP_CONFIG:-configs/tiny.yaml}
@@ -75,6 +83,10 @@ read -r -a SEEDS <<< "${SWEEP_SEEDS:-1 2}"
 SPES=${SPES_BIN:-./build/spes}
 POISON_FROM=${SWEEP_POISON_FROM:-4}
 EXPERT_FACTOR=${SWEEP_EXPERT_FACTOR:-2.5}  # sync.robust.expert_factor where the variant does not turn it off
+ARCHIVE=${SWEEP_ARCHIVE:-}
+PLOT_VARIANTS=${SWEEP_PLOT_VARIANTS:-}
+if [[ $ARCHIVE_ONLY == 1 && -z $ARCHIVE ]]; then echo "--archive needs SWEEP_ARCHIVE (the file to copy the runs into)" >&2; exit 2; fi
+if [[ -n $ARCHIVE && $ARCHIVE_ONLY == 0 && ! -f $ARCHIVE ]]; then echo "SWEEP_ARCHIVE: no file $ARCHIVE" >&2; exit 2; fi
 CORES=$(nproc)
 SEQ_LEN=$(awk '$1 == "seq_len:" {print $2; exit}' "$CONFIG")  # data.seq_len, for tokens per node-step
 NODE_THREADS=$(( CORES / 4 > 0 ? CORES / 4 : 1 ))
@@ -187,39 +199,75 @@ fi
 
 # The report: every run's final validation loss, the gap of each SPES variant to the centralized
 # run of the same accum and seed, and the plot (gap % against tokens per node-step, log x).
-python3 - "$OUT" <<'PY'
+# With --archive: OUT's runs go into ARCHIVE instead (a run already there, same source, accum,
+# variant and seed, is replaced), and nothing is reported.
+python3 - "$OUT" "$ARCHIVE" "$ARCHIVE_ONLY" "$PLOT_VARIANTS" <<'PY'
 import glob, json, os, sys
 from collections import defaultdict
-out = sys.argv[1]
-runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, "a*", "*", "final.json")))]
+out, archive, archive_only, plot_variants = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4].split()
+source = os.path.basename(os.path.normpath(out))
+def key(r):
+    return (r["source"], r["accum"], r["variant"], r["seed"])
+own = [{"source": source, **json.load(open(p))} for p in sorted(glob.glob(os.path.join(out, "a*", "*", "final.json")))]
+kept = []
+if archive and os.path.exists(archive):
+    with open(archive) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                key(r), float(r["val_loss"]), int(r["node_batch"]), int(r["seq_len"]), r["wall_s"]
+            except (ValueError, KeyError, TypeError) as e:
+                sys.exit(f"{archive}:{n}: not a run record ({type(e).__name__}: {e})")
+            kept.append(r)
+mine = {key(r) for r in own}
+runs = [r for r in kept if key(r) not in mine] + own
+if archive_only:
+    os.makedirs(os.path.dirname(archive) or ".", exist_ok=True)
+    with open(archive, "w") as f:
+        for r in runs:
+            f.write(json.dumps(r) + "\n")
+    print(f"{archive}: {len(own)} run(s) of {source} copied, {len(runs)} in all")
+    sys.exit(0)
 if not runs:
-    sys.exit(f"no finished runs in {out}")
-central = {(r["accum"], r["seed"]): r["val_loss"] for r in runs if r["variant"] == "central"}
+    sys.exit(f"no finished runs in {out}" + (f" or {archive}" if archive else ""))
+central, central_any = {}, {}
+for r in runs:
+    if r["variant"] == "central":
+        central[(r["source"], r["accum"], r["seed"])] = r["val_loss"]
+        central_any.setdefault((r["accum"], r["seed"]), r["val_loss"])
+def central_of(r):
+    return central.get((r["source"], r["accum"], r["seed"]), central_any.get((r["accum"], r["seed"])))
 def tokens(r):
     return r["node_batch"] * r["accum"] * r["seq_len"]
-print(f"{'accum':>5} {'tok/node-step':>13} {'variant':>9} {'seed':>4} {'val loss':>9} {'central':>9} {'gap':>8} {'wall s':>7}")
+print(f"{'accum':>5} {'tok/node-step':>13} {'variant':>9} {'seed':>4} {'val loss':>9} {'central':>9} {'gap':>8} {'wall s':>7}  source")
 gaps = defaultdict(lambda: defaultdict(list))
-for r in sorted(runs, key=lambda r: (r["accum"], r["variant"] != "central", r["variant"], r["seed"])):
-    c = central.get((r["accum"], r["seed"]))
+for r in sorted(runs, key=lambda r: (r["accum"], r["variant"] != "central", r["variant"], r["seed"], r["source"])):
+    c = central_of(r)
     gap = ""
     if r["variant"] != "central" and c is not None:
         g = 100 * (r["val_loss"] - c) / c
         gaps[r["variant"]][tokens(r)].append(g)
         gap = f"{g:+.2f}%"
     print(f"{r['accum']:>5} {tokens(r):>13} {r['variant']:>9} {r['seed']:>4} {r['val_loss']:>9.4f} "
-          f"{(f'{c:.4f}' if c is not None else '-'):>9} {gap:>8} {r['wall_s']:>7}")
+          f"{(f'{c:.4f}' if c is not None else '-'):>9} {gap:>8} {r['wall_s']:>7}  {r['source']}")
 print("\nmean gap per point (seeds averaged; ± half the spread when there are two or more):")
 with open(os.path.join(out, "gaps.tsv"), "w") as f:
     for v in sorted(gaps):
+        plotted = not plot_variants or v in plot_variants
         for t in sorted(gaps[v]):
             g = gaps[v][t]
             m = sum(g) / len(g)
             half = (max(g) - min(g)) / 2
             print(f"  {v:>9} {t:>8} tokens/node-step: {m:+.2f}%" + (f" ± {half:.2f} ({len(g)} seeds)" if len(g) > 1 else ""))
-            f.write(f"{v}\t{t}\t{m}\t{half}\n")
-        f.write("\n\n")
+            if plotted:
+                f.write(f"{v}\t{t}\t{m}\t{half}\n")
+        if plotted:
+            f.write("\n\n")
 print(f"table: {os.path.join(out, 'gaps.tsv')}")
 PY
+[[ $ARCHIVE_ONLY == 1 ]] && exit 0
 variants=$(awk -F'\t' 'NF {print $1}' "$OUT/gaps.tsv" | uniq | tr '\n' ' ')
 plot=""; i=0
 for v in $variants; do

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# scripts/quality_sweep.sh's report as docs/quality.md uses it, on runs made up here (no training):
+#   A. runs of a sweep folder and of an archive together: each variant's gap against the
+#      centralized run of its own source, else of the first source with one; means over seeds;
+#   B. --archive copies a folder's runs into the archive, replacing the ones it already holds;
+#   C. bad input: a malformed archive line and --archive without SWEEP_ARCHIVE are refused.
+# usage: quality_report.sh SOURCE_DIR
+set -uo pipefail
+SRC=$1
+source "$(dirname "$0")/lib.sh"
+SWEEP=$SRC/scripts/quality_sweep.sh
+
+# run_json DIR ACCUM VARIANT SEED VAL: a finished run's final.json, as the sweep writes it.
+run_json() {
+  mkdir -p "$1/a$2/$3-s$4"
+  printf '{"accum": %s, "variant": "%s", "seed": %s, "steps": 100, "batch": 8, "node_batch": 8, "seq_len": 64, "val_loss": %s, "wall_s": 1}\n' \
+    "$2" "$3" "$4" "$5" > "$1/a$2/$3-s$4/final.json"
+}
+line() { printf '{"source": "%s", "accum": %s, "variant": "%s", "seed": %s, "steps": 100, "batch": 8, "node_batch": 8, "seq_len": 64, "val_loss": %s, "wall_s": 1}\n' "$@"; }
+
+# The archive: an old sweep with its own centrals at accum 4, and a remedies sweep with its own
+# central for seed 1 only.
+{
+  line old 4 central 1 4.0
+  line old 4 central 2 5.0
+  line old 4 spes 1 4.4
+  line old 4 spes 2 5.25
+  line rem 4 central 1 2.0
+  line rem 4 h5 1 2.1
+  line rem 4 h5 2 5.5
+} > "$TMP/archive.jsonl"
+# The sweep folder: a new point (accum 16), and a rerun of old's spes seed 1 under the folder's own name.
+NEW=$TMP/old
+run_json "$NEW" 16 central 1 3.0
+run_json "$NEW" 16 spes 1 3.3
+run_json "$NEW" 4 spes 1 4.2
+
+# ---- A: the report over both ----
+out=$(SWEEP_OUT=$NEW SWEEP_ARCHIVE=$TMP/archive.jsonl bash "$SWEEP" --report 2>&1) || fail "A: report failed: $out"
+gap() { awk -F'\t' -v v="$1" -v t="$2" '$1 == v && $2 == t {printf "%.4f %.4f", $3, $4}' "$NEW/gaps.tsv"; }
+# old's spes seed 1 is the folder's rerun (4.2, not 4.4): +5% and +5% -> mean 5, spread 0
+[[ $(gap spes 2048) == "5.0000 0.0000" ]] || fail "A: spes at 2048 is '$(gap spes 2048)', expected 5 ± 0"
+[[ $(gap spes 8192) == "10.0000 0.0000" ]] || fail "A: spes at 8192 is '$(gap spes 8192)', expected 10"
+# h5 seed 1 against rem's own central (+5%), seed 2 against old's (rem has none): +10% -> 7.5 ± 2.5
+[[ $(gap h5 2048) == "7.5000 2.5000" ]] || fail "A: h5 at 2048 is '$(gap h5 2048)', expected 7.5 ± 2.5"
+grep -q "h5 *2048 tokens/node-step: +7.50% ± 2.50 (2 seeds)" <<< "$out" || fail "A: the mean line for h5: $out"
+[[ -s $NEW/quality-vs-batch.png ]] || fail "A: no plot"
+out=$(SWEEP_OUT=$NEW SWEEP_ARCHIVE=$TMP/archive.jsonl SWEEP_PLOT_VARIANTS=spes bash "$SWEEP" --report 2>&1) ||
+  fail "A: report with SWEEP_PLOT_VARIANTS failed: $out"
+[[ -z $(gap h5 2048) && -n $(gap spes 2048) ]] || fail "A: SWEEP_PLOT_VARIANTS=spes still plots h5"
+
+# ---- B: --archive ----
+cp "$TMP/archive.jsonl" "$TMP/copy.jsonl"
+out=$(SWEEP_OUT=$NEW SWEEP_ARCHIVE=$TMP/copy.jsonl bash "$SWEEP" --archive 2>&1) || fail "B: --archive failed: $out"
+[[ $(wc -l < "$TMP/copy.jsonl") == 9 ]] || fail "B: the archive has $(wc -l < "$TMP/copy.jsonl") runs, expected 7 - 1 + 3"
+grep -c '"source": "old", "accum": 4, "variant": "spes", "seed": 1,' "$TMP/copy.jsonl" | grep -qx 1 ||
+  fail "B: old's spes seed 1 is not there once"
+grep -q '"variant": "spes", "seed": 1, .*"val_loss": 4.2' "$TMP/copy.jsonl" || fail "B: the rerun did not replace the archived run"
+out=$(SWEEP_OUT=$TMP/none SWEEP_ARCHIVE=$TMP/copy.jsonl bash "$SWEEP" --report 2>&1) || fail "B: report from the archive alone: $out"
+grep -q "spes *8192 tokens/node-step: +10.00%" <<< "$out" || fail "B: the archived folder's runs are not in the report: $out"
+
+# ---- C: bad input ----
+echo '{"source": "x", "accum": 4}' >> "$TMP/copy.jsonl"
+out=$(SWEEP_OUT=$TMP/none SWEEP_ARCHIVE=$TMP/copy.jsonl bash "$SWEEP" --report 2>&1) && fail "C: a malformed line was accepted"
+grep -q "copy.jsonl:10: not a run record" <<< "$out" || fail "C: the error does not name the file and line: $out"
+out=$(SWEEP_OUT=$NEW bash "$SWEEP" --archive 2>&1) && fail "C: --archive without SWEEP_ARCHIVE was accepted"
+grep -q "needs SWEEP_ARCHIVE" <<< "$out" || fail "C: unclear error: $out"
+out=$(SWEEP_OUT=$NEW SWEEP_ARCHIVE=$TMP/missing.jsonl bash "$SWEEP" --report 2>&1) && fail "C: a missing archive was accepted"
+grep -q "no file" <<< "$out" || fail "C: unclear error for a missing archive: $out"
+
+[[ $failures == 0 ]] && echo "quality_report: all checks passed"
+exit $(( failures > 0 ))

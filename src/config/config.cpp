@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "spes/sync/codec.h"
 #include "spes/util/error.h"
 #include "spes/util/fs.h"
 #include "yaml_reader.h"
@@ -336,9 +337,8 @@ void read_sync(MapReader r, SyncConfig& c, const ModelConfig& model, const std::
   if (!(c.sparse.density > 0 && c.sparse.density <= 1)) sparse.fail("density", "must be in (0, 1]: the share of each chunk sent");
   if (!(c.sparse.shared_density >= 0 && c.sparse.shared_density <= 1))
     sparse.fail("shared_density", "must be in [0, 1]: the share of each chunk of shared contributions sent (0 = density)");
-  auto codable = [](int bits) { return bits == 2 || bits == 4 || bits == 8; };  // what the codec packs
-  if (!codable(c.sparse.bits)) sparse.fail("bits", "must be 2, 4 or 8");
-  if (c.sparse.average_bits != 0 && !codable(c.sparse.average_bits))
+  if (!sparse_bits_supported(c.sparse.bits)) sparse.fail("bits", "must be 2, 4 or 8");
+  if (c.sparse.average_bits != 0 && !sparse_bits_supported(c.sparse.average_bits))
     sparse.fail("average_bits", "must be 0 (= bits), 2, 4 or 8");
   if (c.sparse.local_shared != "mean" && c.sparse.local_shared != "whole" && c.sparse.local_shared != "off")
     sparse.fail("local_shared", fmt::format("must be mean, whole or off, got '{}'", c.sparse.local_shared));

@@ -178,7 +178,7 @@ void encode_sparse(const SparseFormat& f, const float* values, const float* base
 
 void decode_sparse(const SparseFormat& f, std::string_view bytes, const float* baseline, std::int64_t count,
                    float* out) {
-  if (f.chunk <= 0 || f.k <= 0 || f.k > f.chunk || (f.bits != 2 && f.bits != 4 && f.bits != 8))
+  if (f.chunk <= 0 || f.k <= 0 || f.k > f.chunk || !sparse_bits_supported(f.bits))
     raise(ErrorKind::Peer, "sparse piece has chunk {}, k {}, bits {}", f.chunk, f.k, f.bits);
   const std::size_t expected = f.size(count);
   if (bytes.size() != expected)

@@ -19,6 +19,10 @@
 
 namespace spes {
 
+// The bit widths the sparse encoding quantizes values to (sync.sparse.bits and average_bits; the
+// config check and the wire check both ask this).
+constexpr bool sparse_bits_supported(int bits) { return bits == 2 || bits == 4 || bits == 8; }
+
 // Bytes that `count` values take on the wire.
 std::size_t encoded_size(WireEncoding encoding, std::int64_t count, std::int64_t block);
 

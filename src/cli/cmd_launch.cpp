@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "spes/ckpt/shard.h"
 #include "spes/config/config.h"
 #include "spes/coord/cluster.h"
 #include "spes/coord/coordinator.h"
@@ -118,23 +119,23 @@ void reap(std::vector<Child>& children) {
   }
 }
 
-bool any_running(const std::vector<Child>& children) {
-  for (const auto& ch : children)
-    if (ch.running) return true;
-  return false;
-}
-
-// SIGTERM (each finishes its step and leaves its round), then SIGKILL after `patience_s`.
-void stop_all(std::vector<Child>& children, double patience_s) {
-  for (auto& ch : children)
-    if (ch.running) ::kill(ch.pid, SIGTERM);
+// SIGTERM (each finishes its step and leaves its round), then SIGKILL after `patience_s`; only
+// the children from index `first` on.
+void stop_all(std::vector<Child>& children, double patience_s, std::size_t first = 0) {
+  for (std::size_t i = first; i < children.size(); ++i)
+    if (children[i].running) ::kill(children[i].pid, SIGTERM);
+  auto running = [&] {
+    for (std::size_t i = first; i < children.size(); ++i)
+      if (children[i].running) return true;
+    return false;
+  };
   const auto give_up = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(patience_s * 1000));
-  while (any_running(children) && Clock::now() < give_up) {
+  while (running() && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     reap(children);
   }
-  for (auto& ch : children)
-    if (ch.running) {
+  for (std::size_t i = first; i < children.size(); ++i)
+    if (auto& ch = children[i]; ch.running) {
       spdlog::warn("{} (pid {}) did not stop in {:.0f} s: killing it", ch.name, ch.pid, patience_s);
       ::kill(ch.pid, SIGKILL);
       int status = 0;
@@ -287,7 +288,22 @@ void print_summary(const ClusterConfig& c, const Config& base, const std::vector
   }
 }
 
-void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
+// --resume: every node needs a complete shard in its checkpoint folder (it resumes from the
+// newest that verifies); names each node's newest. Nothing has been started yet.
+void check_resumable(const ClusterConfig& cluster, const PlanFiles& plan) {
+  for (std::size_t i = 0; i < cluster.nodes.size(); ++i) {
+    const Config c = load_config(plan.node_configs[i]);
+    const std::string dir = c.checkpoint.effective_dir(c.run);
+    const auto shards = list_shards(dir);
+    if (shards.empty())
+      raise(ErrorKind::Checkpoint, "--resume: node {} has no checkpoint shard in {}, so there is nothing to resume "
+            "(without --resume the run starts afresh); nothing was started", cluster.nodes[i].id, dir);
+    spdlog::info("node {} resumes from its newest shard that verifies (newest: {}/{})", cluster.nodes[i].id, dir,
+                 shards.back());
+  }
+}
+
+void run_launch(const std::string& cluster_path, double refresh_s, bool plot, bool resume, double stop_timeout_s) {
   install_stop_signals();
   init_logging("info");
   ClusterConfig cluster = load_cluster(cluster_path);
@@ -298,7 +314,13 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
   const std::string plan_dir = cluster.out_dir + "/plan";
   PlanFiles plan = write_plan(cluster, plan_dir);
   std::printf("%s", read_file(plan.assignment_table).c_str());
-  if (fs::exists(cluster.state_path())) {
+  if (resume) {
+    check_resumable(cluster, plan);
+    // The coordinator keeps its plans; each node rejoins at its shard's round (one behind the
+    // run's latest round catches up from the others).
+    if (!fs::exists(cluster.state_path()))
+      spdlog::info("no coordinator state at {}: the coordinator starts afresh", cluster.state_path());
+  } else if (fs::exists(cluster.state_path())) {
     fs::remove(cluster.state_path());
     spdlog::info("removed the previous coordinator state {}: this launch starts the run afresh", cluster.state_path());
   }
@@ -321,9 +343,12 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
     if (!cluster.coordinator.http.empty())
       spdlog::info("live page: http://{}/?token=$(cat {})", cluster.coordinator.http,
                    cluster.token_file.empty() ? "<the run token>" : cluster.token_file);
-    for (std::size_t i = 0; i < cluster.nodes.size(); ++i)
-      start("node " + std::to_string(cluster.nodes[i].id), {"node", "--config", plan.node_configs[i]},
+    for (std::size_t i = 0; i < cluster.nodes.size(); ++i) {
+      std::vector<std::string> args{"node", "--config", plan.node_configs[i]};
+      if (resume) args.push_back("--resume");
+      start("node " + std::to_string(cluster.nodes[i].id), args,
             cluster.out_dir + "/node" + std::to_string(cluster.nodes[i].id) + "/console.log");
+    }
 
     auto nodes_running = [&] {
       for (std::size_t i = 1; i < children.size(); ++i)
@@ -352,9 +377,15 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot) {
     throw;
   }
   if (stop_requested()) {
-    std::printf("\ninterrupted: stopping %zu processes\n", children.size());
-    stop_all(children, 30);
-    raise(ErrorKind::Usage, "launch-local interrupted by signal {}; every process it started has exited", stop_signal());
+    // The nodes first: each finishes its step (and a round in progress) and writes its shard,
+    // which --resume continues from; then the coordinator.
+    std::printf("\ninterrupted: stopping %zu nodes (each finishes its step and writes a checkpoint shard; up to "
+                "%.0f s), then the coordinator\n", children.size() - 1, stop_timeout_s);
+    std::fflush(stdout);
+    stop_all(children, stop_timeout_s, 1);
+    stop_all(children, 10);
+    raise(ErrorKind::Usage, "launch-local interrupted by signal {}; every process it started has exited; continue "
+          "with: spes launch-local {} --resume", stop_signal(), cluster_path);
   }
   // The coordinator leaves by itself once every member reported done.
   const auto give_up = Clock::now() + std::chrono::seconds(10);
@@ -399,7 +430,15 @@ void add_launch_command(CLI::App& app) {
   launch->add_option("cluster", *cluster, "cluster file (YAML), e.g. configs/cluster-local.yaml")->required();
   launch->add_option("--refresh", *refresh, "seconds between progress blocks when the output is not a terminal (on one, the block updates in place every second)")->check(CLI::PositiveNumber);
   launch->add_flag("--no-plot", *no_plot, "do not write the loss plot");
-  launch->callback([cluster, refresh, no_plot] { run_launch(*cluster, *refresh, !*no_plot); });
+  auto resume = std::make_shared<bool>(false);
+  auto stop_timeout = std::make_shared<double>(120.0);
+  launch->add_flag("--resume", *resume, "continue a stopped run: every node from its newest checkpoint shard that "
+                   "verifies, the coordinator from its state");
+  launch->add_option("--stop-timeout", *stop_timeout, "on Ctrl-C, seconds each node gets to finish its step and write "
+                     "its shard before it is killed (default 120)")->check(CLI::PositiveNumber);
+  launch->callback([cluster, refresh, no_plot, resume, stop_timeout] {
+    run_launch(*cluster, *refresh, !*no_plot, *resume, *stop_timeout);
+  });
 }
 
 }  // namespace spes::cli

@@ -68,11 +68,13 @@ CoordinatorClient::CoordinatorClient(const ClusterConfig& c)
 }
 CoordinatorClient::~CoordinatorClient() = default;
 
-std::pair<MembershipPlan, std::uint64_t> CoordinatorClient::join(int node_id, const std::string& address, double wait_s) {
+std::pair<MembershipPlan, std::uint64_t> CoordinatorClient::join(int node_id, const std::string& address, double wait_s,
+                                                                 std::uint64_t resumed_round) {
   spes::v1::JoinRequest request;
   request.set_run_id(impl_->transport.run_id);
   request.set_node_id(static_cast<std::uint32_t>(node_id));
   request.set_address(address);
+  request.set_resumed_round(resumed_round);
   spes::v1::JoinReply reply;
   auto s = impl_->with_retries(wait_s, [&](grpc::ClientContext& ctx) { return impl_->stub->Join(&ctx, request, &reply); });
   if (!s.ok()) impl_->fail("join", s);

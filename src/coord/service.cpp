@@ -286,16 +286,24 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     st.alive = true;
     st.last_seen = Clock::now();
     st.progress = NodeProgress{};
-    if (rounds_done == 0) {
+    const std::uint64_t resumed = request->resumed_round();
+    if (rounds_done == 0 || resumed >= rounds_done) {
       // No round has finished: every member still holds the initial weights (same seed), so
       // the node starts from step 0 with everyone else; peers wait for it (sync.peer_wait_s).
+      // Or the node resumed from a shard holding the run's latest round (a whole cluster
+      // restarted from its shards, `launch-local --resume`): its weights are current as well.
+      if (resumed > max_round) {
+        max_round = resumed;  // its heartbeats report that round; plans take effect after it
+        save_state();
+      }
       if (!latest().find(id)) {
         auto live = member_ids();
         live.push_back(id);
         std::sort(live.begin(), live.end());
         replan(live, {}, "node " + std::to_string(id) + " admitted");
       } else {
-        spdlog::info("coordinator: node {} joined from {}", id, context->peer());
+        spdlog::info("coordinator: node {} joined from {}{}", id, context->peer(),
+                     resumed > 0 ? fmt::format(" (resumed at round {})", resumed) : "");
       }
       to_proto(latest(), *reply->mutable_plan());
       reply->set_round(0);

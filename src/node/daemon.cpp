@@ -212,7 +212,7 @@ class NodeDaemon {
     std::uint64_t catch_up_round = 0;
     if (!config_.coordinator.address.empty()) {
       coordinator_ = std::make_unique<CoordinatorClient>(config_);
-      auto [plan, round] = join();
+      auto [plan, round] = join(round_);
       spdlog::info("coordinator {}: joined run '{}' as node {}{}", config_.coordinator.address,
                    config_.sync.effective_run_id(config_.run), me,
                    round > 0 ? fmt::format(" (run in progress: catching up at round {})", round) : "");
@@ -221,7 +221,7 @@ class NodeDaemon {
         plan_ = plan;
         catch_up_round = round;
       } else {
-        plan_ = plan_for(1).value_or(plan);
+        plan_ = plan_for(round_ + 1).value_or(plan);  // the next round's plan (round_ > 0 when resumed)
       }
     } else {
       plan_ = static_plan(config_);
@@ -259,11 +259,12 @@ class NodeDaemon {
   }
 
  private:
-  // Joins the run at this node's configured address: the latest plan and the round to catch up at.
-  std::pair<MembershipPlan, std::uint64_t> join() {
+  // Joins the run at this node's configured address, saying which round its resumed shard holds
+  // (0: none): the latest plan and the round to catch up at (0: none).
+  std::pair<MembershipPlan, std::uint64_t> join(std::uint64_t resumed_round) {
     const MembershipPlan configured = static_plan(config_);
     return coordinator_->join(config_.run.node_id, configured.find(config_.run.node_id)->address,
-                              config_.coordinator.wait_s);
+                              config_.coordinator.wait_s, resumed_round);
   }
 
   std::optional<MembershipPlan> plan_for(std::uint64_t round) {
@@ -338,10 +339,10 @@ class NodeDaemon {
                      attempt, kAttempts, err.what());
       }
       engine_.reset();
-      auto [plan, next_round] = join();
+      auto [plan, next_round] = join(round_);
       if (next_round == 0)
-        raise(ErrorKind::Peer, "the coordinator says run '{}' has not started, yet node {} was catching up at round {}",
-              config_.sync.effective_run_id(config_.run), config_.run.node_id, round);
+        raise(ErrorKind::Peer, "the coordinator of run '{}' says node {} has nothing to catch up, yet it was catching "
+              "up at round {}", config_.sync.effective_run_id(config_.run), config_.run.node_id, round);
       plan_ = plan;
       round = next_round;
       engine_ = make_engine();

@@ -9,6 +9,8 @@
 #   G. SIGTERM to a node: it finishes its step, leaves cleanly, writes a checkpoint shard, exits 0;
 #   H. bad input: port in use (nothing started), malformed cluster file, unknown node id;
 #   I. Ctrl-C (SIGINT) to launch-local mid-run: every process it started exits, no port stays bound;
+#      I2: stopped mid-interval (every node held at step 35), `launch-local --resume` finishes the run
+#      bit-identical to one never stopped, no node catching up; --resume without shards is refused;
 #   J. an operator removes a node (admin certificate; a node's is refused): it exits 6 with the
 #      reason, a restart is refused, readmitted it catches up and all three finish identical.
 # usage: coordinator_cluster.sh SPES SOURCE_DIR TEST_DATA_DIR
@@ -175,6 +177,42 @@ bound=$(for p in $(grep -o "127.0.0.1:[0-9]*" "$TMP/i/cluster.yaml" | cut -d: -f
 [[ $rc -ne 0 && -z "$left" && -z "$bound" ]] && grep -q "every process it started has exited" "$TMP/i/launch.log" &&
   echo "ok   I: Ctrl-C: launch-local stopped every process it started (exit $rc), no port left bound" ||
   fail "I: Ctrl-C: rc $rc, processes left: '$left', ports bound: '$bound'"
+
+# ---- I2: Ctrl-C while every node is held mid-interval (step 35; rounds at 30 and 40), then
+# launch-local --resume: each node resumes from its step-35 shard and rejoins at round 3 as a
+# member; the weights after the last round equal those of a run never stopped ----
+write_cluster r0 60 "  checkpoint.every: 10"
+"$SPES" launch-local "$TMP/r0/cluster.yaml" --refresh 5 --no-plot > "$TMP/r0/launch.log" 2>&1 ||
+  fail "I2: the uninterrupted run failed: $(tail -3 "$TMP/r0/launch.log")"
+write_cluster r 60 "  checkpoint.every: 10"
+out=$("$SPES" launch-local "$TMP/r/cluster.yaml" --resume 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"node 0 has no checkpoint shard in $TMP/r/run/node0/checkpoints"*"nothing was started"* ]] ||
+  fail "I2: --resume without shards: rc $rc: $out"
+SPES_FAILPOINT=step@35:120 "$SPES" launch-local "$TMP/r/cluster.yaml" --refresh 5 --no-plot > "$TMP/r/launch.log" 2>&1 &
+launcher=$!; pids+=($launcher)
+for i in 0 1 2; do
+  wait_for "$TMP/r/run/node$i/console.log" "failpoint step reached" 1200 || fail "I2: node $i never reached step 35"
+done
+kill -INT "$launcher"
+wait "$launcher"; rc=$?
+[[ $rc -ne 0 ]] && grep -q "continue with: spes launch-local $TMP/r/cluster.yaml --resume" "$TMP/r/launch.log" ||
+  fail "I2: Ctrl-C: rc $rc: $(tail -2 "$TMP/r/launch.log")"
+for i in 0 1 2; do
+  [[ -d $TMP/r/run/node$i/checkpoints/step-00000035 ]] || fail "I2: node $i wrote no step-35 shard when stopped"
+done
+"$SPES" launch-local "$TMP/r/cluster.yaml" --resume --refresh 5 --no-plot > "$TMP/r/resume.log" 2>&1 ||
+  fail "I2: launch-local --resume failed: $(tail -5 "$TMP/r/resume.log")"
+for i in 0 1 2; do
+  log=$TMP/r/run/node$i/console.log
+  grep -q "resumed from .*step-00000035 at step 35 (sync round 3)" "$log" || fail "I2: node $i did not resume from step 35"
+  grep -q "catching up" "$log" && fail "I2: node $i caught up instead of rejoining at its round"
+  grep -q "node $i done" "$log" || fail "I2: node $i did not finish"
+  cmp -s "$TMP/r0/dump/node$i/round6_post.safetensors" "$TMP/r/dump/node$i/round6_post.safetensors" ||
+    fail "I2: node $i's weights after round 6 differ from the run never stopped"
+done
+grep -q "joined from .* (resumed at round 3)" "$TMP/r/run/coordinator/console.log" || fail "I2: no resumed join at the coordinator"
+[[ $failures -eq 0 ]] &&
+  echo "ok   I2: Ctrl-C mid-interval, launch-local --resume: every node from its step-35 shard, bit-identical to the run never stopped"
 
 # ---- J: an operator removes a node (spes coordinator remove), then readmits it ----
 tls=$TMP/j/tls

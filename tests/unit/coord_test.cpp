@@ -202,6 +202,55 @@ TEST(Coordinator, RejoiningNodeCatchesUpOnlyFromLiveMembers) {
   server.stop();
 }
 
+// A whole cluster restarted from its shards (launch-local --resume): a node whose shard holds the
+// run's latest round rejoins as a member at once; one a round behind catches up. A coordinator
+// started without state takes a resumed node's round as the run's, so its heartbeats are accepted.
+TEST(Coordinator, NodeResumedAtTheLatestRoundRejoinsWithoutCatchingUp) {
+  const std::string dir = ::testing::TempDir() + "/coord_resume_test";
+  std::filesystem::remove_all(dir);
+  const std::string text = "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir +
+                           "\ntoken: secret\ninsecure: true\nassignment: round_robin\n"
+                           "coordinator: {address: '127.0.0.1:0', heartbeat_s: 0.1, dead_after_s: 30, grace_s: 60}\nnodes:\n"
+                           "  - {id: 0, address: '127.0.0.1:9400'}\n  - {id: 1, address: '127.0.0.1:9401'}\n"
+                           "  - {id: 2, address: '127.0.0.1:9402'}\n";
+  auto cluster = parse_cluster(text, "c.yaml");
+  auto server = std::make_unique<CoordinatorServer>(cluster);
+  server->start();
+  cluster.coordinator.address = "127.0.0.1:" + std::to_string(server->port());
+  CoordinatorClient client(cluster);
+  for (int i = 0; i < 3; ++i) client.join(i, "127.0.0.1:940" + std::to_string(i), 1.0);
+  ASSERT_TRUE(client.plan_for(0, 2, 1.0));
+  NodeProgress p;
+  p.round = 2;
+  p.step = 20;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client.heartbeat(i, p));
+  const auto version = client.status(5.0).plan.version;
+
+  auto [plan0, round0] = client.join(0, "127.0.0.1:9400", 1.0, 2);
+  EXPECT_EQ(round0, 0u);  // no catching up
+  EXPECT_EQ(plan0.version, version);
+  EXPECT_TRUE(plan0.observers.empty());
+  auto [plan1, round1] = client.join(1, "127.0.0.1:9401", 1.0, 1);  // a round behind
+  EXPECT_GT(round1, 2u);
+  EXPECT_EQ(plan1.observers, std::vector<int>{1});
+  server->stop();
+  server.reset();
+
+  // No state: a resumed node's round becomes the run's; its heartbeats at that round pass.
+  std::filesystem::remove_all(dir);
+  CoordinatorServer fresh(cluster);
+  fresh.start();
+  auto [plan_fresh, round_fresh] = client.join(2, "127.0.0.1:9402", 1.0, 7);
+  EXPECT_EQ(round_fresh, 0u);
+  EXPECT_EQ(plan_fresh.version, 1u);
+  p.round = 7;
+  p.step = 70;
+  EXPECT_TRUE(client.heartbeat(2, p));
+  p.round = 9;  // two past any round a node asked for: refused
+  EXPECT_FALSE(client.heartbeat(2, p));
+  fresh.stop();
+}
+
 // An operator removes a node (e.g. its key leaked): it leaves the plan, and its joins, heartbeats
 // and plan requests are refused with the reason, also after a coordinator restart, until readmitted.
 TEST(Coordinator, RemovedNodeIsRefusedUntilReadmitted) {

@@ -99,10 +99,13 @@ class CoordinatorClient {
   explicit CoordinatorClient(const ClusterConfig& cluster);
   ~CoordinatorClient();
 
-  // Joins (retrying for up to wait_s while the coordinator is unreachable). Returns the latest
-  // plan and 0 for a run not started yet, or the round at which this node catches up (it is an
-  // observer of that plan). Error(Peer) when refused or unreachable.
-  std::pair<MembershipPlan, std::uint64_t> join(int node_id, const std::string& address, double wait_s);
+  // Joins (retrying for up to wait_s while the coordinator is unreachable); resumed_round is the
+  // last round in the shard the node resumed from (0: none). Returns the latest plan and 0 when
+  // the node needs no catching up (a run not started yet, or its shard holds the run's latest
+  // round), else the round at which it catches up (it is an observer of that plan).
+  // Error(Peer) when refused or unreachable.
+  std::pair<MembershipPlan, std::uint64_t> join(int node_id, const std::string& address, double wait_s,
+                                                std::uint64_t resumed_round = 0);
   // Sends a heartbeat; returns the latest plan version, or nullopt when the coordinator did not answer.
   std::optional<std::uint64_t> heartbeat(int node_id, const NodeProgress& progress);
   // The plan for `round` (the latest with effective_round <= round); nullopt when unreachable for wait_s.

@@ -47,7 +47,10 @@
 #             poisons-r: the same with the trimmed mean
 # Order: central and spes at every point (seed 1, small to large), then the variants at the
 # points in SWEEP_VARIANT_ACCUMS, then the other seeds. Resumable: a run whose final.json exists
-# is skipped, so the sweep can be stopped (Ctrl-C) and started again across sittings.
+# is skipped, so the sweep can be stopped (Ctrl-C, or SIGTERM to the script) and started again
+# across sittings; the run it stopped writes checkpoint shards (every node at its current step;
+# on a schedule too: every 5 steps centralized, after every round in SPES) and continues from
+# them, exactly (`spes train --resume`, `spes launch-local --resume`). Its wall_s adds the sittings.
 #
 # Threads: each of the 4 SPES nodes runs on max(1, cores / 4) threads and the centralized run on
 # all cores. On a 2-core machine the 4 nodes therefore share 2 cores two by two (each on 1 thread):
@@ -99,19 +102,37 @@ run_one() {
   local accum=$1 variant=$2 seed=$3
   local dir=$OUT/a$accum/$variant-s$seed
   [[ -f $dir/final.json ]] && return 0
-  rm -rf "$dir" "$dir.log"
+  # A run stopped midway continues from its shards (centralized: any; SPES: one on every node).
+  local resume=0 shards
+  if [[ $variant == central ]]; then
+    shards=$( (ls -d "$dir"/checkpoints/step-* 2>/dev/null || true) | wc -l)
+    [[ $shards -gt 0 ]] && resume=1
+  else
+    shards=$(for n in 0 1 2 3; do (ls -d "$dir/run/node$n/checkpoints"/step-* 2>/dev/null || true) | head -1; done | wc -l)
+    [[ $shards -eq 4 && -f $dir/cluster.yaml ]] && resume=1
+  fi
+  local before=0
+  if [[ $resume == 1 ]]; then
+    before=$(cat "$dir.wall_s" 2>/dev/null || echo 0)
+  else
+    rm -rf "$dir" "$dir.log" "$dir.wall_s"
+  fi
   mkdir -p "$(dirname "$dir")"
   local common=(train.steps="$STEPS" train.grad_accum="$accum" run.seed="$seed" train.eval_every="$EVAL_EVERY"
                 train.eval_windows=64 schedule.warmup_steps=$(( STEPS / 10 )))
   local t0; t0=$(date +%s)
+  # The seconds of this sitting go into DIR.wall_s however it ends (a stop included).
+  trap "echo \$(( $before + \$(date +%s) - $t0 )) > '$dir.wall_s'" EXIT
   local metrics batch
-  echo "$(date +%T) a$accum $variant seed $seed ..."
+  echo "$(date +%T) a$accum $variant seed $seed ...$([[ $resume == 1 ]] && echo " (continuing from its checkpoint shards)")"
   if [[ $variant == central ]]; then
     batch=$(( 4 * NODE_BATCH ))
     local sets=()
     for kv in "${common[@]}"; do sets+=(--set "$kv"); done
-    "$SPES" train -c "$CONFIG" "${sets[@]}" --set train.batch_size=$batch --set run.threads="$CORES" \
-      --set "run.out_dir=$dir" > "$dir.log" 2>&1
+    [[ $resume == 1 ]] || : > "$dir.log"
+    quality_run_child "$dir.log" "$SPES" train -c "$CONFIG" "${sets[@]}" --set train.batch_size=$batch \
+      --set run.threads="$CORES" --set checkpoint.every=5 --set "run.out_dir=$dir" \
+      $([[ $resume == 1 ]] && echo --resume)
     metrics=$dir/metrics.jsonl
   else
     batch=$NODE_BATCH
@@ -170,19 +191,23 @@ run_one() {
               sync.peer_wait_s=120 merge.alpha="$alpha" merge.every="$every" merge.horizon="$HORIZON" \
               sync.encoding.shared="${enc_s:-$encoding}" sync.encoding.experts="${enc_e:-$encoding}" sync.sparse.density="$density" \
               sync.sparse.local_experts="$local_e" sync.sparse.local_shared="$local_s" sync.sparse.average_density="$avg" sync.sparse.bits="$bits" sync.sparse.decay="$decay" sync.sparse.dense_below="$dense" sync.sparse.shared_density="$shd" sync.sparse.chunk="$chunk" sync.sparse.average_bits="$avg_bits" \
-              sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug \
+              sync.robust.expert_factor="$factor" sync.robust.shared="$shared" run.log_level=debug checkpoint.every="$every" \
               ${lr:+optim.lr=$lr}; do
       lines+="  ${kv%%=*}: ${kv#*=}"$'\n'
     done
-    SPES_POISON=$poison SPES_POISON_FROM=$POISON_FROM quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
+    SPES_POISON=$poison SPES_POISON_FROM=$POISON_FROM QUALITY_RESUME=$resume \
+      quality_launch "$dir" $(( 7500 + 10 * (RANDOM % 40) )) "$CONFIG" "$lines"
     metrics=$dir/run/node0/metrics.jsonl
   fi
-  local val; val=$(quality_final_val "$metrics")
+  local val; val=$(quality_final_val "$metrics" "$STEPS")
+  local wall=$(( before + $(date +%s) - t0 ))
+  trap - EXIT
+  rm -f "$dir.wall_s"
   cat > "$dir/final.json" <<JSON
 {"accum": $accum, "variant": "$variant", "seed": $seed, "steps": $STEPS, "batch": $batch,
- "node_batch": $NODE_BATCH, "seq_len": $SEQ_LEN, "val_loss": $val, "wall_s": $(( $(date +%s) - t0 ))}
+ "node_batch": $NODE_BATCH, "seq_len": $SEQ_LEN, "val_loss": $val, "wall_s": $wall}
 JSON
-  echo "$(date +%T) a$accum $variant seed $seed: val loss $val ($(( $(date +%s) - t0 )) s)"
+  echo "$(date +%T) a$accum $variant seed $seed: val loss $val ($wall s)"
 }
 
 if [[ $REPORT_ONLY == 0 ]]; then

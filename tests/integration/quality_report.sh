@@ -3,10 +3,15 @@
 #   A. runs of a sweep folder and of an archive together: each variant's gap against the
 #      centralized run of its own source, else of the first source with one; means over seeds;
 #   B. --archive copies a folder's runs into the archive, replacing the ones it already holds;
-#   C. bad input: a malformed archive line and --archive without SWEEP_ARCHIVE are refused.
-# usage: quality_report.sh SOURCE_DIR
+#   C. bad input: a malformed archive line and --archive without SWEEP_ARCHIVE are refused;
+#   D. (with SPES and TEST_DATA_DIR) a real 40-step sweep, the script stopped (SIGTERM) in its
+#      centralized run and again in its SPES run, then run again: both continue from their shards
+#      and end with the validation losses of a sweep never stopped; no final.json for a stopped run.
+# usage: quality_report.sh SOURCE_DIR [SPES TEST_DATA_DIR]
 set -uo pipefail
 SRC=$1
+SPES=${2:-}
+DATA=${3:-}
 source "$(dirname "$0")/lib.sh"
 SWEEP=$SRC/scripts/quality_sweep.sh
 
@@ -67,6 +72,36 @@ out=$(SWEEP_OUT=$NEW bash "$SWEEP" --archive 2>&1) && fail "C: --archive without
 grep -q "needs SWEEP_ARCHIVE" <<< "$out" || fail "C: unclear error: $out"
 out=$(SWEEP_OUT=$NEW SWEEP_ARCHIVE=$TMP/missing.jsonl bash "$SWEEP" --report 2>&1) && fail "C: a missing archive was accepted"
 grep -q "no file" <<< "$out" || fail "C: unclear error for a missing archive: $out"
+
+# ---- D: a sweep stopped in each run and continued ----
+if [[ -n $SPES ]]; then
+  sed "s#^\( *dir:\).*#\1 $DATA/tiny#" "$SRC/configs/tiny.yaml" > "$TMP/tiny.yaml"
+  grep -q "dir: $DATA/tiny" "$TMP/tiny.yaml" || fail "D: could not point the config at the test data"
+  # The 40-step sweep of one point (accum 1, seed 1): SWEEP_OUT=OUT bash "$SWEEP" 40 >> OUT.log
+  export SPES_BIN=$SPES SWEEP_CONFIG=$TMP/tiny.yaml SWEEP_ACCUMS=1 SWEEP_VARIANT_ACCUMS=" " SWEEP_SEEDS=1
+  SWEEP_OUT=$TMP/ref bash "$SWEEP" 40 >> "$TMP/ref.log" 2>&1 || fail "D: the sweep never stopped failed: $(tail -3 "$TMP/ref.log")"
+  for run in central spes; do
+    metrics=$TMP/cut/a1/central-s1/metrics.jsonl
+    [[ $run == spes ]] && metrics=$TMP/cut/a1/spes-s1/run/node0/metrics.jsonl
+    SWEEP_OUT=$TMP/cut bash "$SWEEP" 40 >> "$TMP/cut.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 1 1500); do grep -q '"step":12,' "$metrics" 2>/dev/null && break; sleep 0.2; done
+    kill -TERM "$pid"
+    wait "$pid"; rc=$?
+    [[ $rc -eq 130 ]] || fail "D: the sweep stopped in its $run run exited $rc: $(tail -3 "$TMP/cut.log")"
+    [[ -f $TMP/cut/a1/$run-s1/final.json ]] && fail "D: the stopped $run run has a final.json"
+    [[ -s $TMP/cut/a1/$run-s1.wall_s ]] || fail "D: the stopped $run run kept no wall_s"
+  done
+  SWEEP_OUT=$TMP/cut bash "$SWEEP" 40 >> "$TMP/cut.log" 2>&1 || fail "D: the continued sweep failed: $(tail -3 "$TMP/cut.log")"
+  grep -q "a1 spes seed 1 ... (continuing from its checkpoint shards)" "$TMP/cut.log" || fail "D: the SPES run did not continue"
+  for run in central spes; do
+    want=$(grep -o '"val_loss": [0-9.]*' "$TMP/ref/a1/$run-s1/final.json")
+    got=$(grep -o '"val_loss": [0-9.]*' "$TMP/cut/a1/$run-s1/final.json" 2>/dev/null)
+    [[ -n $want && $got == "$want" ]] || fail "D: the $run run stopped and continued ends with '$got', never stopped '$want'"
+  done
+  [[ $failures == 0 ]] && echo "ok   D: a sweep stopped in each run continues from the shards to the same validation losses"
+fi
 
 [[ $failures == 0 ]] && echo "quality_report: all checks passed"
 exit $(( failures > 0 ))

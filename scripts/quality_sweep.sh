@@ -59,6 +59,9 @@
 # usage: scripts/quality_sweep.sh [STEPS]              (default 100)
 #        scripts/quality_sweep.sh --report             (table and plot of what is done, no runs)
 #        scripts/quality_sweep.sh --archive            (copy SWEEP_OUT's finished runs into SWEEP_ARCHIVE)
+#        scripts/quality_sweep.sh --restore            (SWEEP_ARCHIVE's runs of SWEEP_OUT's folder name back into
+#                                                       SWEEP_OUT as final.json, e.g. on a fresh machine: a sweep
+#                                                       continued there skips them)
 # The report also takes the runs kept in SWEEP_ARCHIVE (a JSON line per run: its final.json plus
 # "source", the sweep folder's name), e.g. docs/data/quality-runs.jsonl, the runs behind
 # docs/quality.md's curve and plot. A variant's gap is taken against the centralized run of the
@@ -75,6 +78,8 @@ REPORT_ONLY=0
 if [[ ${1:-} == --report ]]; then REPORT_ONLY=1; shift; fi
 ARCHIVE_ONLY=0
 if [[ ${1:-} == --archive ]]; then ARCHIVE_ONLY=1; REPORT_ONLY=1; shift; fi
+RESTORE_ONLY=0
+if [[ ${1:-} == --restore ]]; then RESTORE_ONLY=1; REPORT_ONLY=1; shift; fi
 STEPS=${1:-100}
 OUT=${SWEEP_OUT:-runs/quality-sweep}
 CONFIG=${SWEEP_CONFIG:-configs/tiny.yaml}
@@ -89,6 +94,7 @@ EXPERT_FACTOR=${SWEEP_EXPERT_FACTOR:-2.5}  # sync.robust.expert_factor where the
 ARCHIVE=${SWEEP_ARCHIVE:-}
 PLOT_VARIANTS=${SWEEP_PLOT_VARIANTS:-}
 if [[ $ARCHIVE_ONLY == 1 && -z $ARCHIVE ]]; then echo "--archive needs SWEEP_ARCHIVE (the file to copy the runs into)" >&2; exit 2; fi
+if [[ $RESTORE_ONLY == 1 && -z $ARCHIVE ]]; then echo "--restore needs SWEEP_ARCHIVE (the file to take the runs from)" >&2; exit 2; fi
 if [[ -n $ARCHIVE && $ARCHIVE_ONLY == 0 && ! -f $ARCHIVE ]]; then echo "SWEEP_ARCHIVE: no file $ARCHIVE" >&2; exit 2; fi
 CORES=$(nproc)
 SEQ_LEN=$(awk '$1 == "seq_len:" {print $2; exit}' "$CONFIG")  # data.seq_len, for tokens per node-step
@@ -225,11 +231,13 @@ fi
 # The report: every run's final validation loss, the gap of each SPES variant to the centralized
 # run of the same accum and seed, and the plot (gap % against tokens per node-step, log x).
 # With --archive: OUT's runs go into ARCHIVE instead (a run already there, same source, accum,
-# variant and seed, is replaced), and nothing is reported.
-python3 - "$OUT" "$ARCHIVE" "$ARCHIVE_ONLY" "$PLOT_VARIANTS" <<'PY'
+# variant and seed, is replaced), and nothing is reported. With --restore: ARCHIVE's runs whose
+# source is OUT's folder name are written back as OUT's final.json files (none is overwritten).
+python3 - "$OUT" "$ARCHIVE" "$ARCHIVE_ONLY" "$PLOT_VARIANTS" "$RESTORE_ONLY" <<'PY'
 import glob, json, os, sys
 from collections import defaultdict
 out, archive, archive_only, plot_variants = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4].split()
+restore_only = sys.argv[5] == "1"
 source = os.path.basename(os.path.normpath(out))
 def key(r):
     return (r["source"], r["accum"], r["variant"], r["seed"])
@@ -247,6 +255,21 @@ if archive and os.path.exists(archive):
                 sys.exit(f"{archive}:{n}: not a run record ({type(e).__name__}: {e})")
             kept.append(r)
 mine = {key(r) for r in own}
+if restore_only:
+    restored = there = 0
+    for r in kept:
+        if r["source"] != source:
+            continue
+        path = os.path.join(out, f"a{r['accum']}", f"{r['variant']}-s{r['seed']}", "final.json")
+        if os.path.exists(path):
+            there += 1
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(json.dumps({k: v for k, v in r.items() if k != "source"}) + "\n")
+        restored += 1
+    print(f"{out}: {restored} run(s) of {source} restored from {archive}" + (f", {there} already there" if there else ""))
+    sys.exit(0)
 runs = [r for r in kept if key(r) not in mine] + own
 if archive_only:
     os.makedirs(os.path.dirname(archive) or ".", exist_ok=True)
@@ -292,7 +315,7 @@ with open(os.path.join(out, "gaps.tsv"), "w") as f:
             f.write("\n\n")
 print(f"table: {os.path.join(out, 'gaps.tsv')}")
 PY
-[[ $ARCHIVE_ONLY == 1 ]] && exit 0
+[[ $ARCHIVE_ONLY == 1 || $RESTORE_ONLY == 1 ]] && exit 0
 variants=$(awk -F'\t' 'NF {print $1}' "$OUT/gaps.tsv" | uniq | tr '\n' ' ')
 plot=""; i=0
 for v in $variants; do

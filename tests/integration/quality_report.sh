@@ -3,6 +3,7 @@
 #   A. runs of a sweep folder and of an archive together: each variant's gap against the
 #      centralized run of its own source, else of the first source with one; means over seeds;
 #   B. --archive copies a folder's runs into the archive, replacing the ones it already holds;
+#      B2: --restore writes an archive's runs of a folder back into it, overwriting none;
 #   C. bad input: a malformed archive line and --archive without SWEEP_ARCHIVE are refused;
 #   D. (with SPES and TEST_DATA_DIR) a real 40-step sweep, the script stopped (SIGTERM) in its
 #      centralized run and again in its SPES run, then run again: both continue from their shards
@@ -63,6 +64,15 @@ grep -c '"source": "old", "accum": 4, "variant": "spes", "seed": 1,' "$TMP/copy.
 grep -q '"variant": "spes", "seed": 1, .*"val_loss": 4.2' "$TMP/copy.jsonl" || fail "B: the rerun did not replace the archived run"
 out=$(SWEEP_OUT=$TMP/none SWEEP_ARCHIVE=$TMP/copy.jsonl bash "$SWEEP" --report 2>&1) || fail "B: report from the archive alone: $out"
 grep -q "spes *8192 tokens/node-step: +10.00%" <<< "$out" || fail "B: the archived folder's runs are not in the report: $out"
+
+# ---- B2: --restore puts an archive's runs of a folder back (none overwritten) ----
+run_json "$TMP/back/rem" 4 h5 1 9.9
+out=$(SWEEP_OUT=$TMP/back/rem SWEEP_ARCHIVE=$TMP/archive.jsonl bash "$SWEEP" --restore 2>&1) || fail "B2: --restore failed: $out"
+grep -q "2 run(s) of rem restored from $TMP/archive.jsonl, 1 already there" <<< "$out" || fail "B2: --restore said: $out"
+grep -q '"val_loss": 2.0' "$TMP/back/rem/a4/central-s1/final.json" 2>/dev/null || fail "B2: rem's central run was not restored"
+grep -q source "$TMP/back/rem/a4/central-s1/final.json" && fail "B2: the restored final.json keeps the archive's source"
+grep -q '"val_loss": 9.9' "$TMP/back/rem/a4/h5-s1/final.json" || fail "B2: --restore overwrote a run already there"
+[[ -e $TMP/back/rem/a4/h5-s2 ]] || fail "B2: rem's h5 seed 2 was not restored"
 
 # ---- C: bad input ----
 echo '{"source": "x", "accum": 4}' >> "$TMP/copy.jsonl"

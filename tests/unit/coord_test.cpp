@@ -147,16 +147,23 @@ TEST(Coordinator, TokenHeartbeatLossRestart) {
   restarted.stop();
 }
 
+// A 3-node cluster of the tiny config (round-robin experts, token "secret", no TLS) with its state
+// in a fresh TempDir()/NAME, node i at 127.0.0.1:BASE_PORT+i, the coordinator on a free port.
+ClusterConfig three_node_cluster(const std::string& name, int base_port, double dead_after_s) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::string text = "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir +
+                     "\ntoken: secret\ninsecure: true\nassignment: round_robin\ncoordinator: {address: '127.0.0.1:0', "
+                     "heartbeat_s: 0.1, dead_after_s: " + std::to_string(dead_after_s) + ", grace_s: 60}\nnodes:\n";
+  for (int i = 0; i < 3; ++i)
+    text += "  - {id: " + std::to_string(i) + ", address: '127.0.0.1:" + std::to_string(base_port + i) + "'}\n";
+  return parse_cluster(text, "c.yaml");
+}
+
 // A node rejoining a run in progress catches up only from members that can serve the round: not
 // one found silent (dead, still in its grace period) nor one that reported it stopped on a signal.
 TEST(Coordinator, RejoiningNodeCatchesUpOnlyFromLiveMembers) {
-  const std::string dir = ::testing::TempDir() + "/coord_live_test";
-  std::filesystem::remove_all(dir);
-  auto cluster = parse_cluster(
-      "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir + "\ntoken: secret\ninsecure: true\nassignment: round_robin\n"
-      "coordinator: {address: '127.0.0.1:0', heartbeat_s: 0.1, dead_after_s: 0.5, grace_s: 60}\nnodes:\n"
-      "  - {id: 0, address: '127.0.0.1:9300'}\n  - {id: 1, address: '127.0.0.1:9301'}\n"
-      "  - {id: 2, address: '127.0.0.1:9302'}\n", "c.yaml");
+  auto cluster = three_node_cluster("coord_live_test", 9300, 0.5);
   CoordinatorServer server(cluster);
   server.start();
   cluster.coordinator.address = "127.0.0.1:" + std::to_string(server.port());
@@ -206,14 +213,7 @@ TEST(Coordinator, RejoiningNodeCatchesUpOnlyFromLiveMembers) {
 // run's latest round rejoins as a member at once; one a round behind catches up. A coordinator
 // started without state takes a resumed node's round as the run's, so its heartbeats are accepted.
 TEST(Coordinator, NodeResumedAtTheLatestRoundRejoinsWithoutCatchingUp) {
-  const std::string dir = ::testing::TempDir() + "/coord_resume_test";
-  std::filesystem::remove_all(dir);
-  const std::string text = "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir +
-                           "\ntoken: secret\ninsecure: true\nassignment: round_robin\n"
-                           "coordinator: {address: '127.0.0.1:0', heartbeat_s: 0.1, dead_after_s: 30, grace_s: 60}\nnodes:\n"
-                           "  - {id: 0, address: '127.0.0.1:9400'}\n  - {id: 1, address: '127.0.0.1:9401'}\n"
-                           "  - {id: 2, address: '127.0.0.1:9402'}\n";
-  auto cluster = parse_cluster(text, "c.yaml");
+  auto cluster = three_node_cluster("coord_resume_test", 9400, 30);
   auto server = std::make_unique<CoordinatorServer>(cluster);
   server->start();
   cluster.coordinator.address = "127.0.0.1:" + std::to_string(server->port());
@@ -237,7 +237,7 @@ TEST(Coordinator, NodeResumedAtTheLatestRoundRejoinsWithoutCatchingUp) {
   server.reset();
 
   // No state: a resumed node's round becomes the run's; its heartbeats at that round pass.
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove(cluster.state_path());
   CoordinatorServer fresh(cluster);
   fresh.start();
   auto [plan_fresh, round_fresh] = client.join(2, "127.0.0.1:9402", 1.0, 7);
@@ -254,13 +254,7 @@ TEST(Coordinator, NodeResumedAtTheLatestRoundRejoinsWithoutCatchingUp) {
 // An operator removes a node (e.g. its key leaked): it leaves the plan, and its joins, heartbeats
 // and plan requests are refused with the reason, also after a coordinator restart, until readmitted.
 TEST(Coordinator, RemovedNodeIsRefusedUntilReadmitted) {
-  const std::string dir = ::testing::TempDir() + "/coord_remove_test";
-  std::filesystem::remove_all(dir);
-  const std::string text = "run: t\nconfig: " SPES_SOURCE_DIR "/configs/tiny.yaml\nout_dir: " + dir +
-                           "\ntoken: secret\ninsecure: true\nassignment: round_robin\ncoordinator: {address: '127.0.0.1:0', heartbeat_s: 0.1, "
-                           "dead_after_s: 30, grace_s: 60}\nnodes:\n  - {id: 0, address: '127.0.0.1:9310'}\n"
-                           "  - {id: 1, address: '127.0.0.1:9311'}\n  - {id: 2, address: '127.0.0.1:9312'}\n";
-  auto cluster = parse_cluster(text, "c.yaml");
+  auto cluster = three_node_cluster("coord_remove_test", 9310, 30);
   auto server = std::make_unique<CoordinatorServer>(cluster);
   server->start();
   const int port = server->port();
@@ -290,9 +284,7 @@ TEST(Coordinator, RemovedNodeIsRefusedUntilReadmitted) {
 
   // A restarted coordinator still refuses node 2; readmitted, it catches up and becomes a member.
   server->stop();
-  auto again = parse_cluster(text, "c.yaml");
-  again.coordinator.address = cluster.coordinator.address;
-  server = std::make_unique<CoordinatorServer>(again);
+  server = std::make_unique<CoordinatorServer>(cluster);  // same address
   server->start();
   const ClusterStatus seen = client.status(5.0);
   ASSERT_EQ(seen.nodes.size(), 3u);

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -120,12 +121,14 @@ void reap(std::vector<Child>& children) {
 }
 
 // SIGTERM (each finishes its step and leaves its round), then SIGKILL after `patience_s`; only
-// the children from index `first` on.
-void stop_all(std::vector<Child>& children, double patience_s, std::size_t first = 0) {
-  for (std::size_t i = first; i < children.size(); ++i)
+// the children with index in [first, last).
+void stop_all(std::vector<Child>& children, double patience_s, std::size_t first = 0,
+              std::size_t last = std::numeric_limits<std::size_t>::max()) {
+  last = std::min(last, children.size());
+  for (std::size_t i = first; i < last; ++i)
     if (children[i].running) ::kill(children[i].pid, SIGTERM);
   auto running = [&] {
-    for (std::size_t i = first; i < children.size(); ++i)
+    for (std::size_t i = first; i < last; ++i)
       if (children[i].running) return true;
     return false;
   };
@@ -134,7 +137,7 @@ void stop_all(std::vector<Child>& children, double patience_s, std::size_t first
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     reap(children);
   }
-  for (std::size_t i = first; i < children.size(); ++i)
+  for (std::size_t i = first; i < last; ++i)
     if (auto& ch = children[i]; ch.running) {
       spdlog::warn("{} (pid {}) did not stop in {:.0f} s: killing it", ch.name, ch.pid, patience_s);
       ::kill(ch.pid, SIGKILL);
@@ -377,13 +380,14 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot, bo
     throw;
   }
   if (stop_requested()) {
-    // The nodes first: each finishes its step (and a round in progress) and writes its shard,
-    // which --resume continues from; then the coordinator.
-    std::printf("\ninterrupted: stopping %zu nodes (each finishes its step and writes a checkpoint shard; up to "
-                "%.0f s), then the coordinator\n", children.size() - 1, stop_timeout_s);
+    // The coordinator first: one still running would hand the experts of a node that stopped
+    // early to a node still finishing its step (after grace_s), and --resume would find that plan.
+    // Then the nodes: each finishes its step (and a round in progress) and writes its shard.
+    std::printf("\ninterrupted: stopping the coordinator, then %zu nodes (each finishes its step and writes a "
+                "checkpoint shard; up to %.0f s)\n", children.size() - 1, stop_timeout_s);
     std::fflush(stdout);
+    stop_all(children, 10, 0, 1);
     stop_all(children, stop_timeout_s, 1);
-    stop_all(children, 10);
     raise(ErrorKind::Usage, "launch-local interrupted by signal {}; every process it started has exited; continue "
           "with: spes launch-local {} --resume", stop_signal(), cluster_path);
   }

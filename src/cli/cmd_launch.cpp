@@ -120,20 +120,26 @@ void reap(std::vector<Child>& children) {
   }
 }
 
+// The launcher's children: the coordinator first, then the nodes in cluster order.
+constexpr std::size_t kCoordinator = 0;
+constexpr std::size_t kFirstNode = 1;
+constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
+
+// Whether any child with index in [first, last) is still running.
+bool any_running(const std::vector<Child>& children, std::size_t first = 0, std::size_t last = kAll) {
+  for (std::size_t i = first; i < std::min(last, children.size()); ++i)
+    if (children[i].running) return true;
+  return false;
+}
+
 // SIGTERM (each finishes its step and leaves its round), then SIGKILL after `patience_s`; only
 // the children with index in [first, last).
-void stop_all(std::vector<Child>& children, double patience_s, std::size_t first = 0,
-              std::size_t last = std::numeric_limits<std::size_t>::max()) {
+void stop_all(std::vector<Child>& children, double patience_s, std::size_t first = 0, std::size_t last = kAll) {
   last = std::min(last, children.size());
   for (std::size_t i = first; i < last; ++i)
     if (children[i].running) ::kill(children[i].pid, SIGTERM);
-  auto running = [&] {
-    for (std::size_t i = first; i < last; ++i)
-      if (children[i].running) return true;
-    return false;
-  };
   const auto give_up = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(patience_s * 1000));
-  while (running() && Clock::now() < give_up) {
+  while (any_running(children, first, last) && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     reap(children);
   }
@@ -353,18 +359,13 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot, bo
             cluster.out_dir + "/node" + std::to_string(cluster.nodes[i].id) + "/console.log");
     }
 
-    auto nodes_running = [&] {
-      for (std::size_t i = 1; i < children.size(); ++i)
-        if (children[i].running) return true;
-      return false;
-    };
     ProgressView view;
     // On a terminal the block updates in place every second; in a log every refresh_s.
     const double every_s = view.live() ? std::min(refresh_s, 1.0) : refresh_s;
     auto next_print = Clock::now();
-    while (nodes_running()) {
+    while (any_running(children, kFirstNode)) {
       if (stop_requested()) break;
-      for (std::size_t i = 1; i < children.size(); ++i)
+      for (std::size_t i = kFirstNode; i < children.size(); ++i)
         if (!children[i].running && children[i].exit_code != 0)
           raise(ErrorKind::Internal, "{} failed (exit {}); the end of {}:\n{}", children[i].name, children[i].exit_code,
                 children[i].log.string(), tail(children[i].log, 15));
@@ -386,19 +387,19 @@ void run_launch(const std::string& cluster_path, double refresh_s, bool plot, bo
     std::printf("\ninterrupted: stopping the coordinator, then %zu nodes (each finishes its step and writes a "
                 "checkpoint shard; up to %.0f s)\n", children.size() - 1, stop_timeout_s);
     std::fflush(stdout);
-    stop_all(children, 10, 0, 1);
-    stop_all(children, stop_timeout_s, 1);
+    stop_all(children, 10, kCoordinator, kFirstNode);
+    stop_all(children, stop_timeout_s, kFirstNode);
     raise(ErrorKind::Usage, "launch-local interrupted by signal {}; every process it started has exited; continue "
           "with: spes launch-local {} --resume", stop_signal(), cluster_path);
   }
   // The coordinator leaves by itself once every member reported done.
   const auto give_up = Clock::now() + std::chrono::seconds(10);
-  while (children.front().running && Clock::now() < give_up) {
+  while (children[kCoordinator].running && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     reap(children);
   }
   stop_all(children, 10);
-  for (std::size_t i = 1; i < children.size(); ++i)
+  for (std::size_t i = kFirstNode; i < children.size(); ++i)
     if (children[i].exit_code != 0)
       raise(ErrorKind::Internal, "{} failed (exit {}); the end of {}:\n{}", children[i].name, children[i].exit_code,
             children[i].log.string(), tail(children[i].log, 15));

@@ -287,7 +287,9 @@ struct CoordinatorServer::Impl final : spes::v1::CoordinatorService::Service {
     st.last_seen = Clock::now();
     st.progress = NodeProgress{};
     const std::uint64_t resumed = request->resumed_round();
-    if (rounds_done == 0 || resumed >= rounds_done) {
+    // (Not for a node that has left the plan meanwhile, e.g. its experts moved after grace_s: the
+    // others trained them on, so it catches up below.)
+    if (rounds_done == 0 || (resumed >= rounds_done && latest().find(id))) {
       // No round has finished: every member still holds the initial weights (same seed), so
       // the node starts from step 0 with everyone else; peers wait for it (sync.peer_wait_s).
       // Or the node resumed from a shard holding the run's latest round (a whole cluster

@@ -267,11 +267,15 @@ class NodeDaemon {
                               config_.coordinator.wait_s, resumed_round);
   }
 
+  // The plan for `round`, or nullopt (keep the current one) when the coordinator stays unreachable
+  // for coordinator.wait_s — for at most 1 s once a stop signal came: the node leaves after this
+  // step, and `launch-local` stops its coordinator before its nodes.
   std::optional<MembershipPlan> plan_for(std::uint64_t round) {
-    auto plan = coordinator_->plan_for(config_.run.node_id, round, config_.coordinator.wait_s);
+    const double wait_s = stop_requested() ? std::min(1.0, config_.coordinator.wait_s) : config_.coordinator.wait_s;
+    auto plan = coordinator_->plan_for(config_.run.node_id, round, wait_s);
     if (!plan)
       spdlog::warn("coordinator {} unreachable for {:.0f} s: keeping plan {} for round {}", config_.coordinator.address,
-                   config_.coordinator.wait_s, plan_.version, round);
+                   wait_s, plan_.version, round);
     return plan;
   }
 
